@@ -1,0 +1,1 @@
+"""Shared vocabulary of rqrl: config, Redis keys, connections, serialisation, streams, policies."""

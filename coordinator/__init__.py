@@ -1,0 +1,1 @@
+"""rqrl control plane: commanders, the coordinator daemon, the ``rqrl`` CLI and status."""

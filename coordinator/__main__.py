@@ -1,0 +1,48 @@
+"""``python -m coordinator CONFIG [--redis-url URL] [--seed S] [--set KEY=VALUE ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from common.config import ConfigError, apply_overrides, load_config
+from common.connection import connect, redact, resolve_url
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m coordinator", description="Run an rqrl coordinator daemon.")
+    ap.add_argument("config", help="DI-engine style config file defining main_config (and create_config)")
+    ap.add_argument("--redis-url", default=None, help="redis://[user:pass@]host:port/db, rediss:// or unix:// "
+                                                      "(default: $RQRL_REDIS_URL or redis://127.0.0.1:6379/0)")
+    ap.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key, e.g. --set policy.learn.batch_size=128 (repeatable)")
+    ap.add_argument("--out-dir", default=".", help="where {exp_name}/ is written (default: current directory)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
+        if overrides:
+            cfg = apply_overrides(cfg, overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 1
+    from coordinator.daemon import Coordinator, CoordinatorError
+    import redis
+
+    url = resolve_url(args.redis_url)
+    try:
+        conn = connect(url)
+        conn.ping()
+    except (redis.RedisError, ValueError) as e:
+        print(f"cannot reach Redis at {redact(url)}: {e}", file=sys.stderr)
+        return 1
+    try:
+        return Coordinator(cfg, conn, args.out_dir).run()
+    except CoordinatorError as e:
+        print(f"coordinator: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The ``rqrl`` command: ``train``, ``status``, ``config show``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from common.config import ConfigError, apply_overrides, load_config
+
+
+def _load(path: str, overrides: list[str], seed: int | None):
+    cfg = load_config(path)
+    extra = list(overrides) + ([f"seed={seed}"] if seed is not None else [])
+    return apply_overrides(cfg, extra) if extra else cfg
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from coordinator.launcher import Launcher
+
+    cfg = _load(args.config, args.overrides, args.seed)
+    coord_args = [f"--set={o}" for o in args.overrides]
+    if args.seed is not None:
+        coord_args += ["--seed", str(args.seed)]
+    if args.collectors < 1:
+        raise ConfigError("--collectors must be >= 1")
+    coord_args.append(f"--set=commander.collector_task_space={args.collectors}")
+    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args).run()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from coordinator.status import run_status
+
+    return run_status(args.redis_url, args.exp, watch=args.watch, as_json=args.json)
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    cfg = _load(args.config, args.overrides, None)
+    print(json.dumps(cfg, indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rqrl", description="Distributed RL training on Redis and RQ.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    url_help = "redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)"
+    t = sub.add_parser("train", help="train on this machine: Redis, coordinator and workers as child processes")
+    t.add_argument("config", help="config file (e.g. deploy/configs/cartpole_dqn.py)")
+    t.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
+    t.add_argument("--collectors", type=int, default=2, help="number of collector workers (default 2)")
+    t.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set policy.learn.batch_size=128")
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("status", help="queues, workers, tasks, throughput and last eval, read from Redis")
+    s.add_argument("--redis-url", default=None, help=url_help)
+    s.add_argument("--exp", default=None, help="experiment name (default: every experiment in this Redis)")
+    s.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
+    s.add_argument("--json", action="store_true", help="print JSON for scripts")
+    s.set_defaults(func=cmd_status)
+
+    c = sub.add_parser("config", help="config tools")
+    csub = c.add_subparsers(dest="config_cmd", required=True)
+    cs = csub.add_parser("show", help="print the compiled config (defaults merged in)")
+    cs.add_argument("config")
+    cs.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    cs.set_defaults(func=cmd_config_show)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""Commanders: decide which collector / learner tasks run, and when the experiment is done.
+
+The loop a commander serves (driven by coordinator/daemon.py)::
+
+    while not converged:
+        while (task := commander.get_learner_task()):   enqueue on RQ queue "learner"
+        while (task := commander.get_collector_task()): enqueue on RQ queue "collector"
+        for event in worker events:
+            finished collector -> converged = commander.finish_collector_task(task_id, info)
+            finished learner   -> commander.finish_learner_task(task_id, info)
+            failed             -> commander.notify_fail_collector_task(task) / notify_fail_learner_task(task)
+            learner_info       -> commander.update_learner_info(task_id, info)
+
+:class:`SoloCommander` reproduces DI-engine's solo parallel commander, with these faults fixed
+(each has a test in tests/unit/test_commander.py):
+
+* ``finish_collector_task`` no longer swaps ``avg_time_per_episode`` and ``avg_step_per_episode``;
+* evaluation triggers on train iterations and env steps as well as wall time, at most one eval
+  task runs at a time, and no eval runs before the learner has trained once;
+* a failed learner task keeps its ``buffer_id`` / ``policy_id`` so its replacement resumes from
+  the latest checkpoint instead of stranding the collectors; failed tasks are replaced simply
+  because their space is released (the daemon asks for new tasks every loop);
+* the learner-info history is bounded instead of growing for the whole run;
+* env steps for the epsilon schedule also count the learner's live ``collector_envstep``, so
+  long collector tasks do not freeze epsilon until they finish.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import Any, Optional
+
+from easydict import EasyDict
+
+from common.policy import create_policy
+from common.registry import COMMANDER_REGISTRY
+from common.task_space import TaskSpace
+
+_LEARNER_INFO_HISTORY = 100
+
+
+def new_task_id(kind: str) -> str:
+    """``{kind}_task_{16 hex chars}``: unique, and a valid RQ job id."""
+    return f"{kind}_task_{uuid.uuid4().hex[:16]}"
+
+
+def _plain(obj: Any) -> Any:
+    """EasyDict -> plain dict/list, so RQ job payloads carry only builtin types."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+class BaseCommander(ABC):
+    """The commander seam (as the seed's BaseCommander): hand out tasks, digest their results."""
+
+    @abstractmethod
+    def get_collector_task(self) -> Optional[dict]:
+        """A new collector task dict, or None when no collector task space is free."""
+
+    @abstractmethod
+    def get_learner_task(self) -> Optional[dict]:
+        """A new learner task dict, or None when no learner task space is free."""
+
+    @abstractmethod
+    def finish_collector_task(self, task_id: str, finished_task: dict) -> bool:
+        """Digest a finished collector task; True when the experiment has converged."""
+
+    @abstractmethod
+    def finish_learner_task(self, task_id: str, finished_task: dict) -> str:
+        """Digest a finished learner task; returns its buffer_id."""
+
+    @abstractmethod
+    def notify_fail_collector_task(self, task: dict) -> None:
+        """A collector task failed or died."""
+
+    @abstractmethod
+    def notify_fail_learner_task(self, task: dict) -> None:
+        """A learner task failed or died."""
+
+    @abstractmethod
+    def update_learner_info(self, task_id: str, info: dict) -> None:
+        """Record a learner progress report."""
+
+
+@COMMANDER_REGISTRY.register("solo")
+class SoloCommander(BaseCommander):
+    """DI-engine's solo parallel commander (one learner, N collectors), faults fixed (module docstring).
+
+    Args:
+        cfg: the full compiled config (common/config.py); ``cfg.commander`` holds task spaces,
+            eval triggers and limits.
+        tb_logger: optional SummaryWriter for the seed's ``collector_iter/...``,
+            ``collector_step/...``, ``evaluator_iter/...``, ``evaluator_step/...`` scalars.
+        run_id: stamped on every task so workers can drop tasks of an earlier run.
+        clock: time source in seconds (injectable for tests).
+    """
+
+    def __init__(self, cfg: EasyDict, tb_logger: Any = None, logger: Any = None, run_id: str = "",
+                 clock: Any = time.time) -> None:
+        self._cfg = cfg
+        self._exp_name = cfg.exp_name
+        self._commander_cfg = cfg.commander
+        self._run_id = run_id
+        self._clock = clock
+        self._collector_task_space = TaskSpace(0, self._commander_cfg.collector_task_space)
+        self._learner_task_space = TaskSpace(0, self._commander_cfg.learner_task_space)
+        self._learner_info: deque[dict] = deque([{"learner_step": 0}], maxlen=_LEARNER_INFO_HISTORY)
+        self._collector_info: deque[dict] = deque(maxlen=_LEARNER_INFO_HISTORY)
+        self._evaluator_info: list[dict] = []
+        self._total_collector_env_step = 0
+        self._current_buffer_id: Optional[str] = None
+        self._current_policy_id: Optional[str] = None
+        self._resume_learner = False
+        self._eval_in_flight: Optional[str] = None
+        self._last_eval = {"time": self._clock(), "train_iter": 0, "envstep": 0}
+        self._policy = create_policy(cfg, enable_field=("command",)).command_mode
+        self._tb_logger = tb_logger
+        self._logger = logger
+        self._end_flag = False
+        self._seed_counter = 0
+
+    # ------------------------------------------------------------------ task creation
+    @property
+    def total_envstep(self) -> int:
+        """Env steps collected so far: finished collector tasks, or the learner's live count if larger."""
+        return max(self._total_collector_env_step, int(self._learner_info[-1].get("collector_envstep", 0)))
+
+    @property
+    def train_iter(self) -> int:
+        return int(self._learner_info[-1].get("learner_step", 0))
+
+    def _eval_due(self) -> bool:
+        c = self._commander_cfg
+        if self._eval_in_flight is not None or self.train_iter == 0:
+            return False
+        due_time = c.eval_interval > 0 and self._clock() - self._last_eval["time"] >= c.eval_interval
+        due_iter = c.eval_every_train_iter > 0 and self.train_iter - self._last_eval["train_iter"] >= c.eval_every_train_iter
+        due_step = c.eval_every_env_step > 0 and self.total_envstep - self._last_eval["envstep"] >= c.eval_every_env_step
+        return bool(due_time or due_iter or due_step)
+
+    def _next_seed(self) -> int:
+        self._seed_counter += 1
+        return int(self._cfg.seed) * 100_003 + self._seed_counter
+
+    def get_collector_task(self) -> Optional[dict]:
+        """A collector or eval task when collector space is free and a learner exists, else None."""
+        if self._end_flag or not self._collector_task_space.acquire_space():
+            return None
+        if self._current_buffer_id is None or self._current_policy_id is None:
+            self._collector_task_space.release_space()
+            return None
+        task_id = new_task_id("collector")
+        eval_flag = self._eval_due()
+        if eval_flag:
+            self._eval_in_flight = task_id
+            self._last_eval = {"time": self._clock(), "train_iter": self.train_iter, "envstep": self.total_envstep}
+        info = dict(self._learner_info[-1], envstep=self.total_envstep)
+        return {
+            "task_id": task_id,
+            "task_type": "collector",
+            "run_id": self._run_id,
+            "exp_name": self._exp_name,
+            "buffer_id": self._current_buffer_id,
+            "policy_id": self._current_policy_id,
+            "eval_flag": eval_flag,
+            "collect_setting": self._policy.get_setting_collect(info),
+            "envstep": self.total_envstep,
+            "seed": self._next_seed(),
+            "config": _plain(self._cfg),
+        }
+
+    def get_learner_task(self) -> Optional[dict]:
+        """A learner task when learner space is free, else None.
+
+        A fresh run gets new ``policy_id`` / ``buffer_id``; the replacement of a failed learner
+        reuses them and sets ``resume`` so it loads the ``latest`` checkpoint.
+        """
+        if self._end_flag or not self._learner_task_space.acquire_space():
+            return None
+        resume = self._resume_learner and self._current_policy_id is not None
+        if not resume:
+            self._current_policy_id = f"policy_{uuid.uuid4().hex[:12]}"
+            self._current_buffer_id = f"buffer_{uuid.uuid4().hex[:12]}"
+        self._resume_learner = False
+        return {
+            "task_id": new_task_id("learner"),
+            "task_type": "learner",
+            "run_id": self._run_id,
+            "exp_name": self._exp_name,
+            "policy_id": self._current_policy_id,
+            "buffer_id": self._current_buffer_id,
+            "resume": resume,
+            "seed": self._next_seed(),
+            "config": _plain(self._cfg),
+        }
+
+    # ------------------------------------------------------------------ results
+    def finish_collector_task(self, task_id: str, finished_task: dict) -> bool:
+        """Release the task's space, log its info; for an eval task, judge convergence.
+
+        Returns:
+            True when an eval's ``reward_mean >= env.stop_value``: the run is over.
+        """
+        self._collector_task_space.release_space()
+        is_eval = bool(finished_task["eval_flag"])
+        kind = "evaluator" if is_eval else "collector"
+        train_iter = int(finished_task["train_iter"])
+        info = {
+            "train_iter": train_iter,
+            "episode_count": finished_task["real_episode_count"],
+            "step_count": finished_task["step_count"],
+            "avg_step_per_episode": finished_task["avg_step_per_episode"],
+            "avg_time_per_step": finished_task["avg_time_per_step"],
+            "avg_time_per_episode": finished_task["avg_time_per_episode"],
+            "reward_mean": finished_task["reward_mean"],
+            "reward_std": finished_task["reward_std"],
+        }
+        if not is_eval:
+            self._total_collector_env_step += int(finished_task["step_count"])
+            self._collector_info.append(dict(finished_task))
+        if self._logger is not None:
+            self._logger.info("[%s] %s ends: %s", kind.upper(), task_id, ", ".join(f"{k}={v}" for k, v in info.items()))
+        if self._tb_logger is not None:
+            for k, v in info.items():
+                if k == "train_iter":
+                    continue
+                self._tb_logger.add_scalar(f"{kind}_iter/{k}", v, train_iter)
+                self._tb_logger.add_scalar(f"{kind}_step/{k}", v, self.total_envstep)
+        if is_eval:
+            if self._eval_in_flight == task_id:
+                self._eval_in_flight = None
+            record = dict(finished_task, envstep=self.total_envstep, time=self._clock())
+            self._evaluator_info.append(record)
+            stop_value = self._cfg.env.stop_value
+            if stop_value is not None and finished_task["reward_mean"] >= stop_value:
+                if self._logger is not None:
+                    self._logger.info("eval reward_mean %.2f >= stop_value %s: the experiment has converged",
+                                      finished_task["reward_mean"], stop_value)
+                self._end_flag = True
+                return True
+        return False
+
+    def finish_learner_task(self, task_id: str, finished_task: dict) -> str:
+        """Release learner space and reset the run's ids and history (as the seed); returns buffer_id."""
+        self._learner_task_space.release_space()
+        buffer_id = finished_task["buffer_id"]
+        self._current_buffer_id = None
+        self._current_policy_id = None
+        self._resume_learner = False
+        self._learner_info = deque([{"learner_step": 0}], maxlen=_LEARNER_INFO_HISTORY)
+        self._evaluator_info = []
+        self._last_eval = {"time": self._clock(), "train_iter": 0, "envstep": 0}
+        return buffer_id
+
+    def notify_fail_collector_task(self, task: dict) -> None:
+        """Release the failed collector task's space; the daemon's next loop issues a replacement."""
+        self._collector_task_space.release_space()
+        if self._eval_in_flight == task.get("task_id"):
+            self._eval_in_flight = None
+
+    def notify_fail_learner_task(self, task: dict) -> None:
+        """Release learner space; the replacement resumes on the same policy_id / buffer_id."""
+        self._learner_task_space.release_space()
+        self._resume_learner = True
+
+    def update_learner_info(self, task_id: str, info: dict) -> None:
+        """Append a learner report (``learner_step``, ``collector_envstep``, ...) to the bounded history."""
+        self._learner_info.append(dict(info))
+
+    def increase_collector_task_space(self) -> None:
+        """One more collector may run (a collector joined)."""
+        self._collector_task_space.increase_space()
+
+    def decrease_collector_task_space(self) -> None:
+        """One collector fewer may run (a collector left)."""
+        self._collector_task_space.decrease_space()
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def last_eval(self) -> Optional[dict]:
+        return self._evaluator_info[-1] if self._evaluator_info else None
+
+    @property
+    def end_flag(self) -> bool:
+        return self._end_flag
+
+    def summary(self) -> dict[str, Any]:
+        """Flat scalars for the ``rqrl:{exp}:commander`` hash and ``rqrl status``."""
+        last = self.last_eval or {}
+        return {
+            "envstep": self.total_envstep,
+            "train_iter": self.train_iter,
+            "collector_tasks_running": self._collector_task_space.in_use,
+            "learner_tasks_running": self._learner_task_space.in_use,
+            "collector_task_space": self._collector_task_space.max_val,
+            "last_eval_reward_mean": last.get("reward_mean", ""),
+            "last_eval_train_iter": last.get("train_iter", ""),
+            "last_eval_envstep": last.get("envstep", ""),
+            "stop_value": self._cfg.env.stop_value,
+            "converged": self._end_flag,
+            "policy_id": self._current_policy_id or "",
+            "buffer_id": self._current_buffer_id or "",
+        }
+
+
+def create_commander(cfg: EasyDict, **kwargs: Any) -> BaseCommander:
+    """Build the commander named by ``cfg.create.commander.type`` (default ``solo``)."""
+    from common.registry import import_names
+
+    create = cfg.get("create") or {}
+    ctype = create.get("commander", {}).get("type", "solo")
+    import_names(create.get("commander", {}).get("import_names", []))
+    return COMMANDER_REGISTRY.build(ctype, cfg, **kwargs)

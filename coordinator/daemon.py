@@ -1,0 +1,302 @@
+"""The coordinator daemon: runs a commander, dispatches its tasks on RQ, digests worker events.
+
+``python -m coordinator CONFIG --redis-url URL`` (see coordinator/__main__.py) runs
+:meth:`Coordinator.run`:
+
+1. claims the experiment (``rqrl:{exp}:coordinator``, a key with a TTL: one coordinator per
+   experiment), clears what an earlier run of the same experiment left, and stamps a new run id;
+2. loops: enqueue every task the commander hands out (job id = task id, explicit
+   ``job_timeout``), read worker events from ``rqrl:{exp}:events`` through consumer group
+   ``coordinator`` (XREADGROUP BLOCK, at most 0.5 s), route them to the commander, and declare a
+   task dead when its heartbeat key expires or RQ marks its job failed before it started;
+3. on convergence sets the stop flag, waits (``commander.finish_timeout`` seconds) for the
+   learner's final checkpoint, writes ``./{exp}/final.pt`` and ``summary.json`` and exits 0;
+   when ``max_env_step`` / ``max_train_iter`` / ``max_wall_seconds`` pass first it stops the
+   run the same way and exits 2; SIGINT / SIGTERM stop it likewise and exit 130.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import redis
+import torch
+from easydict import EasyDict
+from rq import Queue
+from rq.job import Callback, Job, JobStatus
+
+from common import blobstore, events, keys, serialization, streams
+from common.logs import build_logger, build_tb_writer
+from coordinator.commander import BaseCommander, create_commander
+
+EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_JOB_FUNC = {"collector": "workers.collector.run_collector_task", "learner": "workers.learner.run_learner_task"}
+_QUEUE = {"collector": keys.COLLECTOR_QUEUE, "learner": keys.LEARNER_QUEUE}
+_ALIVE_TTL_MS = 15_000
+
+
+class CoordinatorError(RuntimeError):
+    """The coordinator cannot run (e.g. another one owns the experiment)."""
+
+
+class Coordinator:
+    """One experiment's control loop (see module docstring).
+
+    Args:
+        cfg: the compiled config.
+        conn: Redis client (bytes replies, as RQ needs).
+        out_dir: where ``{exp_name}/`` (logs, final.pt, summary.json) is written.
+    """
+
+    def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".") -> None:
+        self.cfg = cfg
+        self.conn = conn
+        self.exp = cfg.exp_name
+        self.out = Path(out_dir) / self.exp
+        self.name = f"coordinator-{socket.gethostname()}-{os.getpid()}"
+        self.run_id = uuid.uuid4().hex[:12]
+        self.log = build_logger(self.out / "log" / "commander", "coordinator", console=True)
+        self.tb = build_tb_writer(self.out / "log" / "commander")
+        self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id)
+        self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
+        self.running: dict[str, dict[str, Any]] = {}
+        self.learner_finished = False
+        self._signal: Optional[int] = None
+        self._t0 = time.time()
+        self._next_liveness = 0.0
+        self._next_summary = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def _claim(self) -> None:
+        key = keys.coordinator_alive(self.exp)
+        if not self.conn.set(key, self.name, nx=True, px=_ALIVE_TTL_MS):
+            owner = self.conn.get(key)
+            raise CoordinatorError(
+                f"experiment {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
+                "stop it or choose another exp_name")
+        stale = [k for k in self.conn.scan_iter(match=keys.all_keys_pattern(self.exp), count=1000) if k.decode() != key]
+        if stale:
+            self.conn.delete(*stale)
+            self.log.info("cleared %d keys left by an earlier run of %s", len(stale), self.exp)
+        self.conn.set(keys.run(self.exp), self.run_id)
+        self.conn.sadd(keys.experiments(), self.exp)
+        streams.ensure_group(self.conn, keys.events(self.exp), keys.COORDINATOR_GROUP, start_id="0")
+
+    def _keep_alive(self) -> None:
+        key = keys.coordinator_alive(self.exp)
+        owner = self.conn.get(key)
+        if owner is not None and owner.decode() != self.name:
+            raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode()}")
+        self.conn.set(key, self.name, px=_ALIVE_TTL_MS)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signal = signum
+
+    def run(self) -> int:
+        """Run the experiment to its end; returns the process exit code (see module docstring)."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._claim()
+            self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id, self.cfg.env.stop_value)
+            code, reason = self._loop()
+            self._finish(code, reason)
+            return code
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self.tb.close()
+            try:
+                self.conn.delete(keys.coordinator_alive(self.exp))
+            except redis.RedisError:
+                pass
+
+    def _loop(self) -> tuple[int, str]:
+        c = self.cfg.commander
+        while True:
+            if self._signal is not None:
+                return EXIT_INTERRUPTED, f"interrupted by {signal.Signals(self._signal).name}"
+            self._dispatch()
+            converged = self._process_events(block_ms=500)
+            now = time.time()
+            if now >= self._next_liveness:
+                self._next_liveness = now + 1.0
+                self._keep_alive()
+                self._check_liveness()
+            if now >= self._next_summary:
+                self._next_summary = now + 1.0
+                self._write_summary()
+            if converged:
+                last = self.commander.last_eval or {}
+                return EXIT_CONVERGED, (f"converged: eval reward_mean {last.get('reward_mean', 0):.2f} "
+                                        f">= stop_value {self.cfg.env.stop_value}")
+            cm = self.commander
+            if c.max_env_step and cm.total_envstep >= c.max_env_step:
+                return EXIT_LIMIT, f"max_env_step {c.max_env_step} reached without convergence"
+            if c.max_train_iter and cm.train_iter >= c.max_train_iter:
+                return EXIT_LIMIT, f"max_train_iter {c.max_train_iter} reached without convergence"
+            if c.max_wall_seconds and now - self._t0 >= c.max_wall_seconds:
+                return EXIT_LIMIT, f"max_wall_seconds {c.max_wall_seconds} passed without convergence"
+
+    # ------------------------------------------------------------------ dispatch
+    def _dispatch(self) -> None:
+        for kind, getter in (("learner", self.commander.get_learner_task), ("collector", self.commander.get_collector_task)):
+            while (task := getter()) is not None:
+                self._enqueue(kind, task)
+
+    def _enqueue(self, kind: str, task: dict) -> None:
+        c = self.cfg.commander
+        timeout = c.learner_job_timeout if kind == "learner" else c.collector_job_timeout
+        self.queues[kind].enqueue_call(
+            _JOB_FUNC[kind], args=(task,), job_id=task["task_id"], timeout=int(timeout),
+            result_ttl=3600, failure_ttl=7 * 86400,
+            description=f"rqrl {self.exp} {kind}{' eval' if task.get('eval_flag') else ''} {task['task_id']}",
+            on_failure=Callback("workers.callbacks.report_job_failure"),
+            at_front=bool(task.get("eval_flag")),  # an eval should not wait behind training tasks
+        )
+        self.running[task["task_id"]] = {"task": task, "kind": kind, "started": False, "enqueued": time.time()}
+        self.log.info("dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
+
+    # ------------------------------------------------------------------ events
+    def _process_events(self, block_ms: int) -> bool:
+        stream = keys.events(self.exp)
+        entries = streams.read_group(self.conn, stream, keys.COORDINATOR_GROUP, self.name, 256, block_ms)
+        converged = False
+        for entry_id, raw in entries:
+            try:
+                ev = events.parse(stream, entry_id, raw)
+                converged |= self._route(ev)
+            except (streams.MalformedEntry, KeyError, ValueError, TypeError) as e:
+                self.log.error("dropping bad event %s: %s", entry_id.decode(), e)
+        streams.ack(self.conn, stream, keys.COORDINATOR_GROUP, [e for e, _ in entries])
+        return converged
+
+    def _route(self, ev: dict[str, Any]) -> bool:
+        tid, kind, etype = ev["task_id"], ev["task_type"], ev["type"]
+        entry = self.running.get(tid)
+        if entry is None:
+            return False  # a task of an earlier run, or one already declared dead
+        if etype == "started":
+            entry["started"] = True
+        elif etype == "learner_info":
+            self.commander.update_learner_info(tid, ev)
+        elif etype == "finished":
+            del self.running[tid]
+            if kind == "collector":
+                return self.commander.finish_collector_task(tid, ev)
+            self.learner_finished = True
+            self.commander.finish_learner_task(tid, ev)
+        elif etype == "failed":
+            self._fail(tid, ev.get("error", "unknown error"))
+        return False
+
+    def _fail(self, tid: str, reason: str) -> None:
+        entry = self.running.pop(tid)
+        self.log.warning("%s task %s failed: %s; its space is freed and a replacement will be issued",
+                         entry["kind"], tid, reason)
+        if entry["kind"] == "collector":
+            self.commander.notify_fail_collector_task(entry["task"])
+        else:
+            self.commander.notify_fail_learner_task(entry["task"])
+
+    def _check_liveness(self) -> None:
+        """Fail started tasks whose heartbeat expired, and queued ones whose RQ job died."""
+        started = [t for t, e in self.running.items() if e["started"]]
+        if started:
+            pipe = self.conn.pipeline(transaction=False)
+            for t in started:
+                pipe.exists(keys.heartbeat(self.exp, t))
+            for t, alive in zip(started, pipe.execute()):
+                if not alive and t in self.running:
+                    self._fail(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
+                                  f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
+        waiting = [t for t, e in self.running.items() if not e["started"]]
+        if waiting:
+            for t, job in zip(waiting, Job.fetch_many(waiting, connection=self.conn)):
+                status = job.get_status(refresh=False) if job is not None else None
+                if job is None or status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+                    self._fail(t, f"RQ job is {status or 'gone'} before the task started")
+
+    # ------------------------------------------------------------------ ending
+    def _write_summary(self, **extra: Any) -> dict[str, Any]:
+        summary = dict(self.commander.summary(), run_id=self.run_id, coordinator=self.name,
+                       wall_seconds=round(time.time() - self._t0, 2), **extra)
+        self.conn.hset(keys.commander(self.exp), mapping=streams.encode_fields(summary))
+        return summary
+
+    def _finish(self, code: int, reason: str) -> None:
+        self.log.info("stopping: %s", reason)
+        # The learner's finish resets the commander's run state (as the seed); keep the figures.
+        cm = self.commander
+        last = cm.last_eval or {}
+        self._at_stop = {"envstep": cm.total_envstep, "train_iter": cm.train_iter,
+                         "last_eval_reward_mean": last.get("reward_mean", ""),
+                         "last_eval_train_iter": last.get("train_iter", ""),
+                         "last_eval_envstep": last.get("envstep", ""),
+                         "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
+        self.conn.set(keys.stop(self.exp), reason)
+        self._cancel_queued()
+        timeout = float(self.cfg.commander.finish_timeout)
+        if code == EXIT_INTERRUPTED:
+            timeout = min(timeout, 10.0)
+        deadline = time.time() + timeout
+        while any(e["kind"] == "learner" for e in self.running.values()) and time.time() < deadline:
+            self._process_events(block_ms=250)
+            if time.time() >= self._next_liveness:
+                self._next_liveness = time.time() + 1.0
+                self._check_liveness()
+        final = self._export_final()
+        summary = self._write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",
+                                      **self._at_stop)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        lines = [
+            f"rqrl {self.exp}: {reason}",
+            f"  wall time      {summary['wall_seconds']:.1f} s",
+            f"  env steps      {summary['envstep']}",
+            f"  train iters    {summary['train_iter']}",
+            f"  last eval      {summary['last_eval_reward_mean'] or 'none'} (stop_value {self.cfg.env.stop_value})",
+            f"  final policy   {final or 'not saved'}",
+        ]
+        print("\n".join(lines), flush=True)
+
+    def _cancel_queued(self) -> None:
+        waiting = [t for t, e in self.running.items() if not e["started"]]
+        for job in Job.fetch_many(waiting, connection=self.conn) if waiting else []:
+            if job is not None and job.get_status(refresh=False) == JobStatus.QUEUED:
+                job.cancel()
+        for t in waiting:
+            entry = self.running.pop(t)
+            if entry["kind"] == "collector":
+                self.commander.notify_fail_collector_task(entry["task"])
+
+    def _export_final(self) -> Optional[Path]:
+        """Write ``final.pt``: the model's state_dict, from checkpoint ``final``, else the latest policy."""
+        state = None
+        for name in ("final", "latest"):
+            got = blobstore.get_versioned(self.conn, keys.ckpt(self.exp, name))
+            if got is not None:
+                ckpt = torch.load(io.BytesIO(got[1]), map_location="cpu", weights_only=True)
+                state = ckpt["policy"]["model"]
+                break
+        if state is None:
+            policy_id = self._at_stop.get("policy_id", "")
+            got = blobstore.get_versioned(self.conn, keys.policy(self.exp, policy_id)) if policy_id else None
+            if got is None:
+                self.log.warning("no checkpoint or policy to export")
+                return None
+            arrays = serialization.loads(got[1], what=keys.policy(self.exp, policy_id))
+            state = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / "final.pt"
+        torch.save(state, path)
+        return path

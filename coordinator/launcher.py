@@ -1,0 +1,204 @@
+"""``rqrl train``: one machine, everything at once, and nothing left behind.
+
+Starts (when no ``--redis-url`` is given) a private redis-server, then ``python -m
+coordinator`` and the stock ``rq worker collector`` (N times) and ``rq worker learner`` as
+child processes, each in its own session with its output in ``./{exp}/log/{name}.log``. Shows
+one live progress line from the events stream (XREAD BLOCK), and tears every child and the
+private Redis down on success, failure and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import redis
+
+from common import keys, streams
+from easydict import EasyDict
+from common.connection import connect, redact
+from common.embedded_redis import EmbeddedRedis
+
+_WORKER_CLASS = "workers.worker.PreloadWorker"
+
+
+def _rq_command() -> list[str]:
+    """The ``rq`` console script installed beside this interpreter (falls back to PATH)."""
+    beside = Path(sys.executable).with_name("rq")
+    return [str(beside)] if beside.exists() else ["rq"]
+
+
+class Progress:
+    """One progress line: env steps, train iterations, last eval reward vs stop_value, elapsed."""
+
+    def __init__(self, stop_value: float) -> None:
+        self.stop_value = stop_value
+        self.envstep = 0
+        self.train_iter = 0
+        self.eval: Optional[float] = None
+        self.t0 = time.time()
+        self.tty = sys.stderr.isatty()
+        self._last_print = 0.0
+
+    def update(self, ev: dict[str, Any]) -> None:
+        if ev.get("type") == "learner_info":
+            self.envstep = max(self.envstep, int(ev.get("collector_envstep", 0)))
+            self.train_iter = max(self.train_iter, int(ev.get("learner_step", 0)))
+        elif ev.get("type") == "finished" and ev.get("eval_flag") is True:
+            self.eval = float(ev.get("reward_mean", 0.0))
+
+    def line(self) -> str:
+        ev = "-" if self.eval is None else f"{self.eval:.1f}"
+        return (f"env steps {self.envstep:>8,} | train iter {self.train_iter:>7,} | "
+                f"eval {ev:>6} / {self.stop_value:g} | {time.time() - self.t0:6.1f} s")
+
+    def show(self, final: bool = False) -> None:
+        now = time.time()
+        if self.tty:
+            sys.stderr.write("\r" + self.line() + ("\n" if final else ""))
+            sys.stderr.flush()
+        elif final or now - self._last_print >= 5.0:
+            print(self.line(), file=sys.stderr, flush=True)
+            self._last_print = now
+
+
+class Launcher:
+    """Runs one experiment on this machine (see module docstring).
+
+    Args:
+        cfg: the compiled config (used for exp_name and stop_value; the coordinator reloads the file).
+        config_path: the config file handed to the coordinator.
+        redis_url: an existing Redis, or None for a private one.
+        collectors: number of ``rq worker collector`` processes.
+        coordinator_args: extra arguments for ``python -m coordinator`` (``--seed``, ``--set``).
+    """
+
+    def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
+                 coordinator_args: list[str], out_dir: str = ".") -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.redis_url = redis_url
+        self.collectors = collectors
+        self.coordinator_args = coordinator_args
+        self.out_dir = Path(out_dir)
+        self.log_dir = self.out_dir / cfg.exp_name / "log"
+        self.children: dict[str, subprocess.Popen] = {}
+        self.embedded: Optional[EmbeddedRedis] = None
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        self.children[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               env=env, start_new_session=True, cwd=self.out_dir)
+        log.close()
+
+    def run(self) -> int:
+        """Launch, follow and tear down; returns the coordinator's exit code (130 on Ctrl-C)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._run()
+        except KeyboardInterrupt:
+            print("\ninterrupted: stopping the run ...", file=sys.stderr)
+            coord = self.children.get("coordinator")
+            if coord is not None and coord.poll() is None:
+                coord.send_signal(signal.SIGINT)
+                try:
+                    coord.wait(timeout=20)
+                except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                    pass
+            return 130
+        finally:
+            self._teardown()
+
+    def _run(self) -> int:
+        url = self.redis_url
+        if url is None:
+            self.embedded = EmbeddedRedis().start()
+            url = self.embedded.url
+            print(f"started a private redis-server at {url}", file=sys.stderr)
+        self.url = url
+        env = dict(os.environ, RQRL_REDIS_URL=url, RQ_REDIS_URL=url, PYTHONUNBUFFERED="1")
+        env.setdefault("RQRL_TORCH_THREADS", "1")
+        conn = connect(url)
+        conn.ping()
+        config_path = str(Path(self.config_path).resolve())
+        self._spawn("coordinator", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
+                                    *self.coordinator_args], env)
+        rq = _rq_command()
+        stamp = f"{os.getpid()}"
+        self._spawn("learner", [*rq, "worker", keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
+                                "--name", f"{self.cfg.exp_name}-learner-{stamp}"], env)
+        for i in range(self.collectors):
+            self._spawn(f"collector{i}", [*rq, "worker", keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
+                                          "--name", f"{self.cfg.exp_name}-collector{i}-{stamp}"], env)
+        print(f"logs in {self.log_dir}/ ; watch with: rqrl status --redis-url {redact(url)}", file=sys.stderr)
+        return self._follow(conn)
+
+    def _follow(self, conn: redis.Redis) -> int:
+        progress = Progress(float(self.cfg.env.stop_value))
+        stream = keys.events(self.cfg.exp_name)
+        last_id = b"0"
+        t0 = time.time()
+        coord = self.children["coordinator"]
+        warned: set[str] = set()
+        while coord.poll() is None:
+            try:
+                reply = conn.xread({stream: last_id}, count=500, block=500)
+            except redis.RedisError as e:
+                print(f"\nredis error while following the run: {e}", file=sys.stderr)
+                reply = []
+            for _, entries in reply or []:
+                for entry_id, raw in entries:
+                    last_id = entry_id
+                    ev = streams.decode_fields(raw)
+                    if float(ev.get("ts", 0)) >= t0 - 1:  # ignore what an earlier run left
+                        progress.update(ev)
+            progress.show()
+            for name, proc in self.children.items():
+                if name != "coordinator" and proc.poll() is not None and name not in warned:
+                    warned.add(name)
+                    print(f"\nworker {name} exited with code {proc.returncode}; see {self.log_dir / (name + '.log')}",
+                          file=sys.stderr)
+        progress.show(final=True)
+        code = coord.returncode
+        tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
+        summary = [ln for ln in tail if ln.startswith(("rqrl ", "  "))][-6:]
+        if summary:
+            print("\n".join(summary))
+        return code
+
+    def _teardown(self) -> None:
+        # Workers end their tasks at the stop flag; set it in case the coordinator could not.
+        url = getattr(self, "url", None)
+        if url is not None:
+            try:
+                c = connect(url, socket_timeout=2)
+                c.set(keys.stop(self.cfg.exp_name), "rqrl train is exiting", nx=True)
+            except (redis.RedisError, ValueError):
+                pass
+        for proc in self.children.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 15
+        for proc in self.children.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.children.values():
+            # The whole group: the rq parent and any work-horse it forked.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if proc.poll() is None:
+                proc.wait(timeout=5)
+        if self.embedded is not None:
+            self.embedded.stop()

@@ -1,0 +1,107 @@
+"""``rqrl status``: what runs, what is stuck and how learning goes — read from Redis only."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Optional
+
+import redis
+from rq import Queue, Worker
+from rq.registry import FailedJobRegistry, StartedJobRegistry
+
+from common import keys, streams
+from common.connection import connect, redact, resolve_url
+
+
+def _throughput(conn: redis.Redis, exp: str, window_s: float = 60.0) -> dict[str, float]:
+    """Env steps/s and train iterations/s over the last ``window_s`` seconds of learner_info events."""
+    now_ms = int(time.time() * 1000)
+    entries = conn.xrange(keys.events(exp), min=str(now_ms - int(window_s * 1000)), max="+")
+    infos = [streams.decode_fields(f) for _, f in entries]
+    infos = [i for i in infos if i.get("type") == "learner_info"]
+    if len(infos) < 2:
+        return {"env_steps_per_s": 0.0, "train_iter_per_s": 0.0}
+    a, b = infos[0], infos[-1]
+    dt = max(1e-6, float(b["ts"]) - float(a["ts"]))
+    return {"env_steps_per_s": round((int(b["collector_envstep"]) - int(a["collector_envstep"])) / dt, 1),
+            "train_iter_per_s": round((int(b["learner_step"]) - int(a["learner_step"])) / dt, 1)}
+
+
+def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, Any]:
+    """Everything ``rqrl status`` shows, as plain data (the ``--json`` output)."""
+    out: dict[str, Any] = {"queues": {}, "experiments": {}}
+    for name in (keys.COLLECTOR_QUEUE, keys.LEARNER_QUEUE):
+        q = Queue(name, connection=conn)
+        workers = Worker.all(queue=q)
+        out["queues"][name] = {
+            "queued": q.count,
+            "started": StartedJobRegistry(queue=q).count,
+            "failed": FailedJobRegistry(queue=q).count,
+            "workers": sorted(w.name for w in workers),
+        }
+    names = [exp] if exp else sorted(n.decode() for n in conn.smembers(keys.experiments()))
+    for e in names:
+        summary = streams.decode_fields(conn.hgetall(keys.commander(e)))
+        stop = conn.get(keys.stop(e))
+        tasks = []
+        for k in conn.scan_iter(match=f"{keys.exp_prefix(e)}:task:*:heartbeat", count=1000):
+            tid = k.decode().split(":")[-2]
+            ttl = conn.pttl(k)
+            tasks.append({"task_id": tid, "heartbeat_ttl_s": round(ttl / 1000, 1) if ttl > 0 else 0})
+        out["experiments"][e] = {
+            "summary": summary,
+            "stopped": stop.decode() if stop else "",
+            "coordinator": (conn.get(keys.coordinator_alive(e)) or b"").decode(),
+            "tasks_alive": sorted(tasks, key=lambda t: t["task_id"]),
+            "throughput_1min": _throughput(conn, e),
+        }
+    return out
+
+
+def render(status: dict[str, Any]) -> str:
+    """The status as text for an 80-column terminal."""
+    lines = ["QUEUE       queued started failed  workers"]
+    for name, q in status["queues"].items():
+        lines.append(f"{name:<11} {q['queued']:>6} {q['started']:>7} {q['failed']:>6}  {len(q['workers'])}")
+    if not status["experiments"]:
+        lines.append("no experiments in this Redis")
+    for e, info in status["experiments"].items():
+        s = info["summary"]
+        state = "stopped: " + info["stopped"] if info["stopped"] else ("running" if info["coordinator"] else "no coordinator")
+        lines += ["", f"EXPERIMENT {e}  [{state}]"[:80]]
+        if s:
+            ev = s.get("last_eval_reward_mean", "")
+            lines.append(f"  env steps {s.get('envstep', 0):,}  train iter {s.get('train_iter', 0):,}  "
+                         f"wall {s.get('wall_seconds', 0)} s")
+            lines.append(f"  last eval {ev if ev != '' else '-'} / stop_value {s.get('stop_value', '?')}"
+                         f"  converged {s.get('converged', False)}")
+        t = info["throughput_1min"]
+        lines.append(f"  last minute: {t['env_steps_per_s']} env steps/s, {t['train_iter_per_s']} train iter/s")
+        for task in info["tasks_alive"]:
+            lines.append(f"  task {task['task_id']:<40} heartbeat ttl {task['heartbeat_ttl_s']} s")
+    return "\n".join(lines)
+
+
+def run_status(redis_url: Optional[str], exp: Optional[str], watch: bool = False, as_json: bool = False) -> int:
+    """Print the status once (or every 2 s with ``watch``); returns an exit code."""
+    url = resolve_url(redis_url)
+    try:
+        conn = connect(url, socket_timeout=5)
+        conn.ping()
+    except (redis.RedisError, ValueError) as e:
+        print(f"cannot reach Redis at {redact(url)}: {e}", file=sys.stderr)
+        return 1
+    try:
+        while True:
+            st = collect_status(conn, exp)
+            text = json.dumps(st, indent=2) if as_json else render(st)
+            if watch and sys.stdout.isatty():
+                sys.stdout.write("\x1b[2J\x1b[H")
+            print(text, flush=True)
+            if not watch:
+                return 0
+            time.sleep(2.0)  # a display refresh interval, not a wait on Redis
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,24 @@
+"""RQ callbacks (``on_failure``) that turn job failures into rqrl events.
+
+RQ calls :func:`report_job_failure` when a job raises or times out (not when its work-horse
+is SIGKILLed; the coordinator's heartbeat check covers that). The task's own ``failed``
+event usually arrives first; the coordinator ignores the second report of the same task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import events
+
+
+def report_job_failure(job: Any, connection: Any, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+    """Emit a ``failed`` event for the job's task, naming the exception."""
+    task = job.args[0] if job.args else {}
+    if not isinstance(task, dict) or "exp_name" not in task or "task_id" not in task:
+        return
+    kind = task.get("task_type", "collector")
+    if kind not in events.TASK_TYPES:
+        return
+    events.emit(connection, task["exp_name"], "failed", task["task_id"], kind,
+                error=f"{getattr(exc_type, '__name__', exc_type)}: {exc_value}"[:2000], source="rq_on_failure")

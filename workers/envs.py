@@ -1,0 +1,48 @@
+"""Building gymnasium vector envs the way the collector needs them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+
+class EnvError(RuntimeError):
+    """An env could not be built or misbehaved (names the env id)."""
+
+
+def make_vector_env(env_id: str, num_envs: int, manager: str = "sync", env_kwargs: dict[str, Any] | None = None) -> gym.vector.VectorEnv:
+    """A gymnasium vector env with SAME_STEP autoreset.
+
+    SAME_STEP makes the step that ends an episode return the *reset* observation, with the true
+    final observation in ``info["final_obs"]`` — so every step is a real transition (the default
+    NEXT_STEP mode inserts a fake transition after each episode end).
+
+    Raises:
+        EnvError: unknown env id or bad kwargs, naming ``env_id``.
+    """
+    mode = {"sync": "sync", "async": "async"}[manager]
+    try:
+        return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode,
+                            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **(env_kwargs or {}))
+    except Exception as e:  # gymnasium raises several error types for an unknown id
+        raise EnvError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): {type(e).__name__}: {e}") from None
+
+
+def true_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict[str, Any]) -> np.ndarray:
+    """Replace reset observations of finished envs by their final observations (SAME_STEP mode)."""
+    if not done.any():
+        return next_obs
+    out = next_obs.copy()
+    for i in np.flatnonzero(done):
+        out[i] = info["final_obs"][i]
+    return out
+
+
+def check_finite(env_id: str, *arrays: np.ndarray) -> None:
+    """Raise :class:`EnvError` when an env returned NaN or inf (the data would poison training)."""
+    for a in arrays:
+        if not np.all(np.isfinite(a)):
+            raise EnvError(f"env {env_id!r} returned a non-finite value (NaN or inf)")

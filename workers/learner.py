@@ -1,0 +1,456 @@
+"""Learner tasks: train the policy from the replay buffer, publish weights, report progress.
+
+``rq worker learner`` runs :func:`run_learner_task`. Inside, :class:`BaseLearner` keeps the
+seed's contract (hooks at ``before_run`` / ``before_iter`` / ``after_iter`` / ``after_run``;
+``train``, ``start``, ``save_checkpoint``, ``learn_info``, ``priority_info``,
+``register_hook``, :func:`create_learner`)::
+
+    learner.start():
+        call_hook("before_run")            # load checkpoint, publish the initial policy
+        while (batch := learner.get_data()) is not None:   # None at the stop flag
+            learner.train(batch)           # before_iter hooks, policy.learn_mode.forward, after_iter hooks
+        call_hook("after_run")             # save the final checkpoint
+
+Data arrives through a background :class:`~workers.comm_learner.BufferReader`; ``get_data``
+waits (on a condition variable, with a timeout) until the buffer holds
+``replay_start_size`` transitions and the replay ratio allows another iteration
+(``train_iter <= train_iter_per_env_step * env steps received``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import redis
+import torch
+from easydict import EasyDict
+
+from common import events, keys
+from common.logs import build_logger, build_tb_writer
+from common.policy import Policy, create_policy
+from common.registry import LEARNER_REGISTRY, import_names
+from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
+from workers.learner_hooks import LearnerHook, build_hooks
+from workers.replay_buffer import ReplayBuffer
+from workers.task import Heartbeat, is_stale, stop_requested, task_connection, validate_task
+
+
+class CheckpointStore:
+    """Where a learner's checkpoints go: Redis (parallel mode) or files (when no Redis is given)."""
+
+    def __init__(self, conn: Optional[redis.Redis], exp: str, ckpt_dir: Path) -> None:
+        self._conn, self._exp, self._dir = conn, exp, ckpt_dir
+
+    def save(self, name: str, state: dict[str, Any], train_iter: int) -> None:
+        if self._conn is not None:
+            save_checkpoint(self._conn, self._exp, name, state, train_iter)
+        else:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            torch.save(state, self._dir / f"{name}.pth")
+
+    def load(self, name: str, device: torch.device) -> Optional[dict[str, Any]]:
+        if self._conn is not None:
+            return load_checkpoint(self._conn, self._exp, name, map_location=device)
+        path = self._dir / f"{name}.pth"
+        return torch.load(path, map_location=device, weights_only=True) if path.exists() else None
+
+
+@LEARNER_REGISTRY.register("base")
+class BaseLearner:
+    """Base class for policy learning (the seed's BaseLearner; see module docstring for the loop).
+
+    Args:
+        cfg: the ``policy.learn.learner`` config section.
+        policy: a policy with learn mode enabled (may be set later via ``learner.policy = ...``).
+        tb_logger: a SummaryWriter, or None to create one under ``{log_dir}``.
+        exp_name: experiment name (output under ``./{exp_name}/``).
+        instance_name: log file / TensorBoard name.
+        checkpoint_store: where checkpoints go (files under ``./{exp_name}/ckpt`` by default).
+    """
+
+    def __init__(self, cfg: EasyDict, policy: Optional[Policy] = None, tb_logger: Any = None,
+                 exp_name: str = "default_experiment", instance_name: str = "learner",
+                 checkpoint_store: Optional[CheckpointStore] = None, log_dir: Optional[str] = None) -> None:
+        self._cfg = cfg
+        self._exp_name = exp_name
+        self._instance_name = instance_name
+        log_dir = log_dir or f"./{exp_name}/log/{instance_name}"
+        self._logger = build_logger(log_dir, instance_name)
+        self._tb_logger = tb_logger if tb_logger is not None else build_tb_writer(log_dir)
+        self._ckpt_store = checkpoint_store or CheckpointStore(None, exp_name, Path(f"./{exp_name}/ckpt"))
+        self._ckpt_name: Optional[str] = None
+        self._hooks: dict[str, list[LearnerHook]] = {p: [] for p in ("before_run", "before_iter", "after_iter", "after_run")}
+        for hook in build_hooks(cfg.hook):
+            self.register_hook(hook)
+        self._log_buffer: dict[str, Any] = {"scalar": defaultdict(list)}
+        self._last_iter = 0
+        self._collector_envstep = 0
+        self._end_flag = False
+        self._learner_done = False
+        self._priority_info: dict[str, Any] = {}
+        self.get_data: Callable[[], Optional[dict[str, np.ndarray]]] = lambda: None
+        if policy is not None:
+            self.policy = policy
+
+    # -- hooks -----------------------------------------------------------------------------
+    def register_hook(self, hook: LearnerHook) -> None:
+        """Add ``hook`` at its position, ordered by priority (lower first)."""
+        self._hooks[hook.position].append(hook)
+        self._hooks[hook.position].sort(key=lambda h: h.priority)
+
+    def call_hook(self, name: str) -> None:
+        """Run the hooks registered at ``name`` (after_iter ones only when their ``freq`` is due)."""
+        for hook in self._hooks[name]:
+            if hook.due(self):
+                hook(self)
+
+    # -- training ----------------------------------------------------------------------------
+    def train(self, data: dict[str, np.ndarray], envstep: int = -1) -> dict[str, Any]:
+        """One train iteration on ``data`` (see common/policy/dqn.py for the batch layout).
+
+        Returns:
+            The policy's log vars (``priority`` moved to :attr:`priority_info`).
+        """
+        if envstep >= 0:
+            self._collector_envstep = envstep
+        self.call_hook("before_iter")
+        t0 = time.perf_counter()
+        log_vars = self._policy.forward(data)
+        priority = log_vars.pop("priority", None)
+        if priority is not None:
+            self._priority_info = {"priority": priority}
+        self._log_buffer["scalar"]["train_time"].append(time.perf_counter() - t0)
+        for k, v in log_vars.items():
+            self._log_buffer["scalar"][k].append(float(v))
+        self._last_iter += 1
+        self.call_hook("after_iter")
+        return log_vars
+
+    def start(self) -> None:
+        """Parallel-mode entry: before_run hooks, train until ``get_data`` returns None, after_run hooks.
+
+        If an iteration raises, the ``latest`` checkpoint is saved before the error propagates
+        (the seed's ``auto_checkpoint``), so a replacement learner loses nothing.
+        """
+        self._end_flag = False
+        self._learner_done = False
+        self.call_hook("before_run")
+        try:
+            for _ in range(self._cfg.train_iterations):
+                t0 = time.perf_counter()
+                data = self.get_data()
+                self._log_buffer["scalar"]["data_time"].append(time.perf_counter() - t0)
+                if data is None or self._end_flag:
+                    break
+                self.train(data)
+        except Exception:
+            self.info("iteration failed; saving checkpoint 'latest' before re-raising")
+            try:
+                self.save_checkpoint_now("latest")
+            except Exception as e:  # the original error matters more
+                self.info(f"emergency checkpoint failed: {e}")
+            raise
+        self._learner_done = True
+        self.call_hook("after_run")
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard writer."""
+        if self._end_flag:
+            return
+        self._end_flag = True
+        if self._tb_logger is not None:
+            self._tb_logger.flush()
+            self._tb_logger.close()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a replacement learner needs: policy state, train_iter, collector env steps."""
+        return {"policy": self._policy.state_dict(), "last_iter": self._last_iter,
+                "collector_envstep": self._collector_envstep}
+
+    def save_checkpoint_now(self, name: str) -> None:
+        self._ckpt_store.save(name, self.checkpoint_state(), self._last_iter)
+
+    def save_checkpoint(self, ckpt_name: Optional[str] = None) -> None:
+        """Run the ``save_ckpt_after_run`` hook now (as the seed); ``ckpt_name`` overrides ``final``.
+
+        Raises:
+            RuntimeError: no ``save_ckpt_after_run`` hook is registered.
+        """
+        hooks = [h for h in self._hooks["after_run"] if h.name == "save_ckpt_after_run"]
+        if not hooks:
+            raise RuntimeError("save_checkpoint needs the 'save_ckpt_after_run' hook (learner.hook.save_ckpt_after_run)")
+        self._ckpt_name = ckpt_name
+        try:
+            hooks[0](self)
+        finally:
+            self._ckpt_name = None
+
+    def load_checkpoint(self, name: str) -> bool:
+        """Restore policy, train_iter and collector_envstep from checkpoint ``name``; False if absent."""
+        state = self._ckpt_store.load(name, self._policy.device)
+        if state is None:
+            self.info(f"no checkpoint {name!r} to load; starting fresh")
+            return False
+        self._policy.load_state_dict(state["policy"])
+        self._last_iter = int(state["last_iter"])
+        self._collector_envstep = int(state["collector_envstep"])
+        self.info(f"loaded checkpoint {name!r}: train_iter {self._last_iter}, envstep {self._collector_envstep}")
+        return True
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def learn_info(self) -> dict[str, Any]:
+        """Info for the commander: ``learner_step``, ``collector_envstep``, ``learner_done``."""
+        return {"learner_step": self._last_iter, "collector_envstep": self._collector_envstep,
+                "learner_done": self._learner_done}
+
+    @property
+    def priority_info(self) -> dict[str, Any]:
+        """The last iteration's ``priority`` (float32 (B,), |TD error|) for prioritised replay."""
+        return self._priority_info
+
+    @priority_info.setter
+    def priority_info(self, value: dict[str, Any]) -> None:
+        self._priority_info = value
+
+    @property
+    def collector_envstep(self) -> int:
+        return self._collector_envstep
+
+    @collector_envstep.setter
+    def collector_envstep(self, value: int) -> None:
+        self._collector_envstep = int(value)
+
+    @property
+    def train_iter(self) -> int:
+        return self._last_iter
+
+    @property
+    def last_iter(self) -> int:
+        return self._last_iter
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self._policy = policy
+        if self._cfg.log_policy:
+            self.info(f"policy: {type(policy).__name__} on {policy.device}")
+
+    @property
+    def ckpt_name(self) -> Optional[str]:
+        return self._ckpt_name
+
+    @property
+    def log_buffer(self) -> dict[str, Any]:
+        return self._log_buffer
+
+    @log_buffer.setter
+    def log_buffer(self, value: dict[str, Any]) -> None:
+        self._log_buffer = value
+
+    @property
+    def logger(self) -> logging.Logger:
+        return self._logger
+
+    @property
+    def tb_logger(self) -> Any:
+        return self._tb_logger
+
+    @property
+    def exp_name(self) -> str:
+        return self._exp_name
+
+    @property
+    def instance_name(self) -> str:
+        return self._instance_name
+
+    def info(self, s: str) -> None:
+        self._logger.info(s)
+
+
+def create_learner(cfg: EasyDict, **kwargs: Any) -> BaseLearner:
+    """Build the learner named by ``cfg.create.learner.type`` (default ``base``) from the full config.
+
+    Raises:
+        KeyError: unknown learner type (names it and lists the known ones).
+    """
+    create = cfg.get("create") or {}
+    import_names(create.get("learner", {}).get("import_names", []))
+    ltype = create.get("learner", {}).get("type", "base")
+    return LEARNER_REGISTRY.build(ltype, cfg.policy.learn.learner, **kwargs)
+
+
+class PublishPolicyHook(LearnerHook):
+    """Publish collector weights before the run and every ``send_policy_freq`` iterations."""
+
+    def __init__(self, conn: redis.Redis, exp: str, policy_id: str, position: str, freq: int,
+                 envstep_limit: Callable[[int], int]) -> None:
+        super().__init__(f"publish_policy_{position}", position, priority=30, freq=freq)
+        self._conn, self._exp, self._policy_id, self._limit = conn, exp, policy_id, envstep_limit
+
+    def __call__(self, learner: BaseLearner) -> None:
+        publish_policy(self._conn, self._exp, self._policy_id, learner.policy.publishable_state(),
+                       learner.train_iter, self._limit(learner.train_iter))
+
+
+class SendInfoHook(LearnerHook):
+    """Send ``learner_info`` events (train iter, env steps, buffer and throughput figures)."""
+
+    def __init__(self, conn: redis.Redis, exp: str, task_id: str, freq: int, stats: Callable[[], dict[str, Any]]) -> None:
+        super().__init__("send_info_after_iter", "after_iter", priority=60, freq=freq)
+        self._conn, self._exp, self._task_id, self._stats = conn, exp, task_id, stats
+
+    def __call__(self, learner: BaseLearner) -> None:
+        info = {k: v for k, v in learner.learn_info.items() if isinstance(v, (int, float, bool, str))}
+        info.update(self._stats())
+        events.emit(self._conn, self._exp, "learner_info", self._task_id, "learner", **info)
+
+
+class ReplayFeeder:
+    """``learner.get_data``: a batch once data and the replay ratio allow, or None at the stop flag."""
+
+    def __init__(self, conn: redis.Redis, exp: str, learner: BaseLearner, buffer: ReplayBuffer,
+                 cfg: EasyDict, seed: int) -> None:
+        self._conn, self._exp, self._learner, self._buffer = conn, exp, learner, buffer
+        self._batch = int(cfg.policy.learn.batch_size)
+        self._start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)
+        self._ratio = float(cfg.policy.learn.train_iter_per_env_step)
+        self._lead = int(cfg.policy.learn.max_env_step_lead)
+        self._base_iter = 0
+        self._rng = np.random.default_rng(seed)
+        # Env steps restored from a checkpoint; read on the first call, after the before_run hooks.
+        self._base_envstep: Optional[int] = None
+        self._cond = threading.Condition()
+        self._next_stop_check = 0.0
+        self._stopped = False
+        self.reader: Optional[BufferReader] = None
+        self.wait_seconds = 0.0
+
+    def envstep_limit(self, train_iter: int) -> int:
+        """Env steps collectors may have sent by ``train_iter``: what the ratio justifies plus a lead."""
+        if self._ratio <= 0:
+            return 2**62
+        base = self.envstep() - (self.reader.env_steps if self.reader else 0)
+        return int(base + max(self._start, (train_iter - self._base_iter) / self._ratio) + self._lead)
+
+    def notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _stop_due(self) -> bool:
+        now = time.monotonic()
+        if now >= self._next_stop_check:
+            self._next_stop_check = now + 0.2
+            self._stopped = stop_requested(self._conn, self._exp)
+        return self._stopped
+
+    def envstep(self) -> int:
+        """Env steps behind the buffer: restored count plus what the reader consumed since."""
+        if self._base_envstep is None:
+            self._base_envstep = self._learner.collector_envstep
+            self._base_iter = self._learner.train_iter
+        return self._base_envstep + (self.reader.env_steps if self.reader else 0)
+
+    def __call__(self) -> Optional[dict[str, np.ndarray]]:
+        t0 = time.perf_counter()
+        with self._cond:
+            while True:
+                if self.reader is not None and self.reader.error is not None:
+                    raise RuntimeError(f"buffer reader failed: {self.reader.error!r}") from self.reader.error
+                if self._stop_due():
+                    return None
+                envstep = self.envstep()
+                self._learner.collector_envstep = envstep
+                ratio_ok = self._ratio <= 0 or self._learner.train_iter - self._base_iter < self._ratio * (envstep - self._base_envstep)
+                if len(self._buffer) >= self._start and ratio_ok:
+                    break
+                self._cond.wait(timeout=0.2)
+        self.wait_seconds += time.perf_counter() - t0
+        return self._buffer.sample(self._batch, self._rng)
+
+
+def run_learner_task(task: dict) -> dict[str, Any]:
+    """RQ job function for queue ``learner``: train until the experiment's stop flag.
+
+    Args:
+        task: plain dict from :meth:`coordinator.commander.SoloCommander.get_learner_task`;
+            ``resume`` true loads checkpoint ``latest`` (a replacement after a failure).
+
+    Returns:
+        The learner's ``learn_info`` plus ``buffer_id`` (also sent as a ``finished`` event).
+
+    Raises:
+        workers.task.TaskError: a malformed task. Any error is also reported as a ``failed``
+        event naming the task, then re-raised so RQ marks the job failed.
+    """
+    cfg = validate_task(task, "learner")
+    conn = task_connection(task)
+    exp, task_id = task["exp_name"], task["task_id"]
+    if is_stale(conn, task):
+        return {"skipped": f"task {task_id} belongs to an earlier run of {exp}"}
+    try:
+        with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
+            return _run_learner(conn, cfg, task)
+    except Exception as e:
+        events.emit(conn, exp, "failed", task_id, "learner", error=f"{type(e).__name__}: {e}"[:2000],
+                    buffer_id=task["buffer_id"])
+        raise
+
+
+def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]:
+    exp, task_id = task["exp_name"], task["task_id"]
+    threads = int(os.environ.get("RQRL_TORCH_THREADS", "1"))
+    torch.set_num_threads(threads)
+    torch.manual_seed(int(task.get("seed", 0)))
+    events.emit(conn, exp, "started", task_id, "learner", host=socket.gethostname(), pid=os.getpid())
+    policy = create_policy(cfg, enable_field=("learn",))
+    if task.get("resume"):
+        cfg.policy.learn.learner.hook.load_ckpt_before_run = "latest"
+    learner = create_learner(cfg, policy=policy, exp_name=exp, checkpoint_store=CheckpointStore(conn, exp, Path()))
+    obs_shape = int(cfg.policy.model.obs_shape)
+    buffer = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size, {
+        "obs": ((obs_shape,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+        "next_obs": ((obs_shape,), np.float32), "done": ((), np.bool_), "discount": ((), np.float32),
+    })
+    lcfg = cfg.policy.learn.learner
+    # before_run hooks run by priority: loading a checkpoint (20) precedes the first publication
+    # (30), so collectors start from the resumed weights and train_iter.
+    feeder = ReplayFeeder(conn, exp, learner, buffer, cfg, int(task.get("seed", 0)))
+    for position, freq in (("before_run", 1), ("after_iter", lcfg.send_policy_freq)):
+        learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq, feeder.envstep_limit))
+    t_start = time.time()
+
+    def stats() -> dict[str, Any]:
+        r = feeder.reader
+        elapsed = max(1e-9, time.time() - t_start)
+        return {"buffer_size": len(buffer), "pushed": buffer.pushed, "chunks": r.chunks if r else 0,
+                "expired": r.expired if r else 0, "corrupt": r.corrupt if r else 0,
+                "malformed": r.malformed if r else 0, "wait_share": round(feeder.wait_seconds / elapsed, 4),
+                "train_iter_per_sec": round(learner.train_iter / elapsed, 2)}
+
+    learner.register_hook(SendInfoHook(conn, exp, task_id, lcfg.send_info_freq, stats))
+    learner.get_data = feeder
+    reader = BufferReader(conn, exp, task["buffer_id"], task_id, buffer, learner.logger, feeder.notify)
+    feeder.reader = reader
+    reader.start()
+    try:
+        learner.start()
+    finally:
+        reader.stop()
+        reader.join(timeout=5)
+        learner.close()
+    info = dict(learner.learn_info, buffer_id=task["buffer_id"], **stats())
+    events.emit(conn, exp, "finished", task_id, "learner", **info)
+    return info

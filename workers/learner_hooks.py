@@ -1,0 +1,92 @@
+"""Learner hooks: code run at ``before_run`` / ``before_iter`` / ``after_iter`` / ``after_run``.
+
+As the seed's learner_hook module: each hook has a name, a position and a priority (lower runs
+first); :func:`build_hooks` makes the standard ones from ``learner.hook`` config.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workers.learner import BaseLearner
+
+POSITIONS = ("before_run", "before_iter", "after_iter", "after_run")
+
+
+class LearnerHook:
+    """A callable run at ``position``; ``freq`` > 0 limits after_iter hooks to every N iterations."""
+
+    def __init__(self, name: str, position: str, priority: int = 50, freq: int = 1) -> None:
+        if position not in POSITIONS:
+            raise ValueError(f"hook {name!r}: position must be one of {POSITIONS}, got {position!r}")
+        self.name, self.position, self.priority, self.freq = name, position, priority, max(1, int(freq))
+
+    def due(self, learner: "BaseLearner") -> bool:
+        return self.position != "after_iter" or learner.train_iter % self.freq == 0
+
+    def __call__(self, learner: "BaseLearner") -> None:
+        raise NotImplementedError
+
+
+class LoadCkptHook(LearnerHook):
+    """Load checkpoint ``ckpt_name`` (from the learner's checkpoint store) before the run."""
+
+    def __init__(self, ckpt_name: str) -> None:
+        super().__init__("load_ckpt_before_run", "before_run", priority=20)
+        self.ckpt_name = ckpt_name
+
+    def __call__(self, learner: "BaseLearner") -> None:
+        learner.load_checkpoint(self.ckpt_name)
+
+
+class SaveCkptHook(LearnerHook):
+    """Save checkpoint ``latest`` every ``freq`` iterations, or ``final`` (and ``latest``) after the run."""
+
+    def __init__(self, position: str, freq: int = 1) -> None:
+        name = "save_ckpt_after_run" if position == "after_run" else "save_ckpt_after_iter"
+        super().__init__(name, position, priority=20, freq=freq)
+
+    def __call__(self, learner: "BaseLearner") -> None:
+        if self.position == "after_run":
+            learner.save_checkpoint_now(learner.ckpt_name or "final")
+        learner.save_checkpoint_now("latest")
+
+
+class LogShowHook(LearnerHook):
+    """Every ``freq`` iterations: mean of each logged scalar to the text log and TensorBoard."""
+
+    def __init__(self, freq: int) -> None:
+        super().__init__("log_show_after_iter", "after_iter", priority=40, freq=freq)
+        self._last = time.time()
+
+    def __call__(self, learner: "BaseLearner") -> None:
+        buf: dict[str, list[float]] = learner.log_buffer["scalar"]
+        if not buf:
+            return
+        means = {k: sum(v) / len(v) for k, v in buf.items() if v}
+        now = time.time()
+        means["iter_per_sec"] = self.freq / max(1e-9, now - self._last)
+        self._last = now
+        learner.info(f"iter {learner.train_iter}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(means.items())))
+        if learner.tb_logger is not None:
+            for k, v in means.items():
+                learner.tb_logger.add_scalar(f"learner_iter/{k}", v, learner.train_iter)
+                learner.tb_logger.add_scalar(f"learner_step/{k}", v, learner.collector_envstep)
+        learner.log_buffer["scalar"] = defaultdict(list)
+
+
+def build_hooks(hook_cfg: Any) -> list[LearnerHook]:
+    """The standard hooks from ``learner.hook`` config (as the seed's build_learner_hook_by_cfg)."""
+    hooks: list[LearnerHook] = []
+    if hook_cfg.load_ckpt_before_run:
+        hooks.append(LoadCkptHook(hook_cfg.load_ckpt_before_run))
+    if hook_cfg.log_show_after_iter > 0:
+        hooks.append(LogShowHook(hook_cfg.log_show_after_iter))
+    if hook_cfg.save_ckpt_after_iter > 0:
+        hooks.append(SaveCkptHook("after_iter", hook_cfg.save_ckpt_after_iter))
+    if hook_cfg.save_ckpt_after_run:
+        hooks.append(SaveCkptHook("after_run"))
+    return hooks
