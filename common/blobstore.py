@@ -26,7 +26,8 @@ class BlobError(RuntimeError):
 
 
 def put_versioned(
-    conn: redis.Redis, key: str, payload: bytes, version: int, meta: dict[str, str | int | float] | None = None
+    conn: redis.Redis, key: str, payload: bytes, version: int, meta: dict[str, str | int | float] | None = None,
+    lease_key: str | None = None, channel: str = "", message: str = "",
 ) -> None:
     """Atomically replace the versioned blob at ``key``.
 
@@ -34,14 +35,26 @@ def put_versioned(
         payload: the bytes (any size; split into ``CHUNK_BYTES`` chunks).
         version: monotonically increasing version (e.g. the learner's train iteration).
         meta: extra scalar fields stored beside the chunks (readable with ``redis-cli HGET``).
+        lease_key: when given, write only while this lease exists (see common/scripts.py), and
+            PUBLISH ``message`` on ``channel`` in the same atomic step.
+
+    Raises:
+        common.scripts.LeaseRevoked: ``lease_key`` is gone.
     """
     chunks = [payload[i : i + CHUNK_BYTES] for i in range(0, len(payload), CHUNK_BYTES)] or [b""]
     mapping: dict[str, bytes | str | int | float] = dict(meta or {})
     mapping.update(version=int(version), nbytes=len(payload), n_chunks=len(chunks))
     mapping.update({f"chunk:{i}": c for i, c in enumerate(chunks)})
+    if lease_key is not None:
+        from common.scripts import put_versioned_leased
+
+        put_versioned_leased(conn, lease_key, key, mapping, channel, message)
+        return
     pipe = conn.pipeline(transaction=True)
     pipe.delete(key)
     pipe.hset(key, mapping=mapping)
+    if channel:
+        pipe.publish(channel, message)
     pipe.execute()
 
 

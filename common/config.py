@@ -57,6 +57,8 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         learner_job_timeout=86400,
         # Seconds without a heartbeat after which a running task is declared dead.
         heartbeat_timeout=10.0,
+        # Give up (exit 1) after this many task failures in a row with no success (0 = never).
+        max_task_failures=10,
     ),
 )
 
@@ -108,7 +110,10 @@ def merge_strict(base: dict, override: dict, path: str = "", open_keys: frozense
             raise ConfigError(
                 f"config key {dotted!r}: expected {type(default).__name__}, got {type(value).__name__} ({value!r})"
             )
-        if isinstance(default, dict) and dotted not in open_keys:
+        if isinstance(default, dict) and dotted in open_keys:
+            # A free-form dict (e.g. env.env_kwargs) takes any key; entries merge, not replace.
+            out[key] = {**default, **copy.deepcopy(value)}
+        elif isinstance(default, dict):
             out[key] = merge_strict(default, value, dotted, open_keys)
         else:
             out[key] = copy.deepcopy(value)

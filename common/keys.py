@@ -14,6 +14,9 @@ Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
     rqrl:{exp}:stop                          string: why the run stopped; absent while running
     rqrl:{exp}:run                           string: id of the current run (tasks of older runs exit)
     rqrl:{exp}:coordinator                   string with a TTL: the live coordinator's name
+    rqrl:{exp}:buffer:{buffer_id}:stats      hash: produced / consumed / expired / corrupt / malformed / duplicate chunks, env steps
+    rqrl:{exp}:tasks                         hash: task_id -> task record (JSON) of the coordinator's running tasks
+    rqrl:{exp}:task:{task_id}:lease          string: present while the task may write (revoked when declared dead)
     rqrl:{exp}:task:{task_id}:heartbeat      string with a TTL, refreshed by a running task
     rqrl:experiments                         set of experiment names seen by coordinators
 """
@@ -99,6 +102,21 @@ def run(exp: str) -> str:
 def coordinator_alive(exp: str) -> str:
     """Liveness key (TTL) of the coordinator that owns the experiment; a second one refuses to start."""
     return f"{exp_prefix(exp)}:coordinator"
+
+
+def buffer_stats(exp: str, buffer_id: str) -> str:
+    """Exactly-once accounting of one buffer's chunks (collectors and learner update it atomically)."""
+    return f"{exp_prefix(exp)}:buffer:{_check('buffer_id', buffer_id)}:stats"
+
+
+def tasks(exp: str) -> str:
+    """The coordinator's running-task records, persisted for a restart."""
+    return f"{exp_prefix(exp)}:tasks"
+
+
+def lease(exp: str, task_id: str) -> str:
+    """A task's write lease: granted at dispatch, deleted when the task is declared dead or ends."""
+    return f"{exp_prefix(exp)}:task:{_check('task_id', task_id)}:lease"
 
 
 def heartbeat(exp: str, task_id: str) -> str:

@@ -23,7 +23,8 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
             raise TypeError(f"cannot serialise an object array (shape {obj.shape}); use numeric dtypes")
-        arr = np.ascontiguousarray(obj)
+        # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
+        arr = obj if obj.flags.c_contiguous else obj.copy(order="C")
         header = msgpack.packb([arr.dtype.str, list(arr.shape)])
         return msgpack.ExtType(_NDARRAY, header + arr.tobytes())
     if isinstance(obj, np.generic):

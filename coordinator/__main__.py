@@ -9,6 +9,20 @@ from common.config import ConfigError, apply_overrides, load_config
 from common.connection import connect, redact, resolve_url
 
 
+def check_env_id(env_id: str) -> None:
+    """Fail fast on an unknown gymnasium id, rather than in every collector task.
+
+    Raises:
+        ConfigError: naming ``env.env_id`` and the id.
+    """
+    import gymnasium
+
+    try:
+        gymnasium.spec(env_id)
+    except Exception as e:  # gymnasium raises NameNotFound / NamespaceNotFound / VersionNotFound
+        raise ConfigError(f"config key 'env.env_id': unknown gymnasium env {env_id!r} ({type(e).__name__}: {e})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m coordinator", description="Run an rqrl coordinator daemon.")
     ap.add_argument("config", help="DI-engine style config file defining main_config (and create_config)")
@@ -18,12 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set policy.learn.batch_size=128 (repeatable)")
     ap.add_argument("--out-dir", default=".", help="where {exp_name}/ is written (default: current directory)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start a new run even if an unfinished run of this experiment is in Redis (default: resume it)")
     args = ap.parse_args(argv)
     try:
         cfg = load_config(args.config)
         overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
         if overrides:
             cfg = apply_overrides(cfg, overrides)
+        check_env_id(cfg.env.env_id)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 1
@@ -38,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot reach Redis at {redact(url)}: {e}", file=sys.stderr)
         return 1
     try:
-        return Coordinator(cfg, conn, args.out_dir).run()
+        return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh).run()
     except CoordinatorError as e:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1

@@ -1,4 +1,4 @@
-"""The ``rqrl`` command: ``train``, ``status``, ``config show``."""
+"""The ``rqrl`` command: ``train``, ``status``, ``config show``, ``eval``, ``curve``, ``clean``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     return run_status(args.redis_url, args.exp, watch=args.watch, as_json=args.json)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from coordinator import evaluate
+
+    return evaluate.run(args)
+
+
+def cmd_curve(args: argparse.Namespace) -> int:
+    from coordinator import curve
+
+    return curve.run(args)
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from coordinator import clean
+
+    return clean.run(args)
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     cfg = _load(args.config, args.overrides, None)
     print(json.dumps(cfg, indent=2, default=str))
@@ -67,6 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("config")
     cs.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     cs.set_defaults(func=cmd_config_show)
+
+    # The modules below import only the standard library at load time (torch etc. come later).
+    from coordinator import clean, curve, evaluate
+
+    e = sub.add_parser("eval", help="play greedy episodes with final.pt or a learner checkpoint (optionally film them)")
+    evaluate.add_arguments(e)
+    e.set_defaults(func=cmd_eval)
+
+    cu = sub.add_parser("curve", help="plot a run's eval reward against env steps and wall time (PNG)")
+    curve.add_arguments(cu)
+    cu.set_defaults(func=cmd_curve)
+
+    cl = sub.add_parser("clean", help="list (dry run) or delete (--yes) one experiment's Redis keys and RQ jobs")
+    clean.add_arguments(cl)
+    cl.set_defaults(func=cmd_clean)
     return ap
 
 

@@ -282,6 +282,42 @@ class SoloCommander(BaseCommander):
         """One collector fewer may run (a collector left)."""
         self._collector_task_space.decrease_space()
 
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state, persisted by the coordinator so a restart resumes the run."""
+        return {
+            "collector_task_space": self._collector_task_space.state_dict(),
+            "learner_task_space": self._learner_task_space.state_dict(),
+            "learner_info": list(self._learner_info)[-3:],
+            "total_collector_env_step": self._total_collector_env_step,
+            "evaluator_info": self._evaluator_info,
+            "current_buffer_id": self._current_buffer_id,
+            "current_policy_id": self._current_policy_id,
+            "resume_learner": self._resume_learner,
+            "eval_in_flight": self._eval_in_flight,
+            "last_eval": self._last_eval,
+            "end_flag": self._end_flag,
+            "seed_counter": self._seed_counter,
+            "run_id": self._run_id,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (on coordinator restart)."""
+        for name in ("collector_task_space", "learner_task_space"):
+            space = getattr(self, f"_{name}")
+            space.min_val, space.max_val, space.cur = (state[name][k] for k in ("min_val", "max_val", "cur"))
+        self._learner_info = deque(state["learner_info"] or [{"learner_step": 0}], maxlen=_LEARNER_INFO_HISTORY)
+        self._total_collector_env_step = int(state["total_collector_env_step"])
+        self._evaluator_info = list(state["evaluator_info"])
+        self._current_buffer_id = state["current_buffer_id"]
+        self._current_policy_id = state["current_policy_id"]
+        self._resume_learner = bool(state["resume_learner"])
+        self._eval_in_flight = state["eval_in_flight"]
+        self._last_eval = dict(state["last_eval"])
+        self._end_flag = bool(state["end_flag"])
+        self._seed_counter = int(state["seed_counter"])
+        self._run_id = state["run_id"]
+
     # ------------------------------------------------------------------ inspection
     @property
     def last_eval(self) -> Optional[dict]:

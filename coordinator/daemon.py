@@ -4,11 +4,17 @@
 :meth:`Coordinator.run`:
 
 1. claims the experiment (``rqrl:{exp}:coordinator``, a key with a TTL: one coordinator per
-   experiment), clears what an earlier run of the same experiment left, and stamps a new run id;
+   experiment). If an unfinished run of the experiment is in Redis (a coordinator was killed),
+   it resumes it: commander state and running tasks from Redis, un-acked events reclaimed
+   with XAUTOCLAIM, running tasks adopted rather than duplicated. Otherwise (or with
+   ``fresh=True``) it clears what an earlier run left and stamps a new run id;
 2. loops: enqueue every task the commander hands out (job id = task id, explicit
    ``job_timeout``), read worker events from ``rqrl:{exp}:events`` through consumer group
    ``coordinator`` (XREADGROUP BLOCK, at most 0.5 s), route them to the commander, and declare a
-   task dead when its heartbeat key expires or RQ marks its job failed before it started;
+   task dead when its heartbeat key expires or RQ marks its job failed before it started
+   (revoking its write lease, so a zombie cannot publish). Commander state, running tasks and
+   the events' acks are written in one MULTI/EXEC, so a crash at any point neither loses nor
+   double-counts an event;
 3. on convergence sets the stop flag, waits (``commander.finish_timeout`` seconds) for the
    learner's final checkpoint, writes ``./{exp}/final.pt`` and ``summary.json`` and exits 0;
    when ``max_env_step`` / ``max_train_iter`` / ``max_wall_seconds`` pass first it stops the
@@ -37,12 +43,13 @@ from rq.job import Callback, Job, JobStatus
 from common import blobstore, events, keys, serialization, streams
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
+from workers.task import grant_lease
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 _JOB_FUNC = {"collector": "workers.collector.run_collector_task", "learner": "workers.learner.run_learner_task"}
 _QUEUE = {"collector": keys.COLLECTOR_QUEUE, "learner": keys.LEARNER_QUEUE}
-_ALIVE_TTL_MS = 15_000
+_ALIVE_TTL_MS = 6_000
 
 
 class CoordinatorError(RuntimeError):
@@ -58,8 +65,9 @@ class Coordinator:
         out_dir: where ``{exp_name}/`` (logs, final.pt, summary.json) is written.
     """
 
-    def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".") -> None:
+    def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False) -> None:
         self.cfg = cfg
+        self.fresh = fresh
         self.conn = conn
         self.exp = cfg.exp_name
         self.out = Path(out_dir) / self.exp
@@ -75,15 +83,27 @@ class Coordinator:
         self._t0 = time.time()
         self._next_liveness = 0.0
         self._next_summary = 0.0
+        self._failures_in_a_row = 0
+        self._last_failure = ""
+        self.resumed = False
 
     # ------------------------------------------------------------------ lifecycle
     def _claim(self) -> None:
         key = keys.coordinator_alive(self.exp)
-        if not self.conn.set(key, self.name, nx=True, px=_ALIVE_TTL_MS):
-            owner = self.conn.get(key)
-            raise CoordinatorError(
-                f"experiment {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
-                "stop it or choose another exp_name")
+        # A killed coordinator's key expires within _ALIVE_TTL_MS; a live one keeps refreshing it.
+        deadline = time.monotonic() + _ALIVE_TTL_MS / 1000 + 1
+        while not self.conn.set(key, self.name, nx=True, px=_ALIVE_TTL_MS):
+            if time.monotonic() > deadline:
+                owner = self.conn.get(key)
+                raise CoordinatorError(
+                    f"experiment {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
+                    "stop it or choose another exp_name")
+            time.sleep(0.5)  # waiting for a key to expire: Redis offers nothing to block on
+        state_raw = self.conn.hget(keys.commander(self.exp), "state")
+        run = self.conn.get(keys.run(self.exp))
+        if state_raw and run and not self.conn.exists(keys.stop(self.exp)) and not self.fresh:
+            self._resume(json.loads(state_raw))
+            return
         stale = [k for k in self.conn.scan_iter(match=keys.all_keys_pattern(self.exp), count=1000) if k.decode() != key]
         if stale:
             self.conn.delete(*stale)
@@ -91,12 +111,49 @@ class Coordinator:
         self.conn.set(keys.run(self.exp), self.run_id)
         self.conn.sadd(keys.experiments(), self.exp)
         streams.ensure_group(self.conn, keys.events(self.exp), keys.COORDINATOR_GROUP, start_id="0")
+        self._persist(self.conn.pipeline(transaction=True)).execute()
+
+    def _resume(self, state: dict[str, Any]) -> None:
+        """Adopt the unfinished run in Redis: commander state, running tasks, un-acked events."""
+        self.commander.load_state_dict(state["commander"])
+        self.run_id = state["run_id"]
+        self._t0 = float(state["t0"])
+        self._failures_in_a_row = int(state.get("failures_in_a_row", 0))
+        self.running = {k.decode(): json.loads(v) for k, v in self.conn.hgetall(keys.tasks(self.exp)).items()}
+        self.resumed = True
+        self.log.info("resuming run %s of %s: %d running tasks adopted, %d env steps, train iter %d",
+                      self.run_id, self.exp, len(self.running), self.commander.total_envstep, self.commander.train_iter)
+        stream = keys.events(self.exp)
+        streams.ensure_group(self.conn, stream, keys.COORDINATOR_GROUP, start_id="0")
+        start = "0-0"
+        while True:  # events the dead coordinator read but never acked
+            start, claimed, *_ = self.conn.xautoclaim(stream, keys.COORDINATOR_GROUP, self.name, min_idle_time=0,
+                                                      start_id=start, count=256)
+            claimed = [e for e in claimed if e[1] is not None]
+            if claimed:
+                self.log.info("reclaimed %d unacked events", len(claimed))
+                self._handle_entries(stream, claimed)
+            if start in (b"0-0", "0-0"):
+                break
+
+    def _persist(self, pipe: redis.client.Pipeline) -> redis.client.Pipeline:
+        """Queue the commander state and running tasks on ``pipe`` (a MULTI pipeline)."""
+        state = {"commander": self.commander.state_dict(), "run_id": self.run_id, "t0": self._t0,
+                 "failures_in_a_row": self._failures_in_a_row}
+        pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
+        pipe.delete(keys.tasks(self.exp))
+        if self.running:
+            pipe.hset(keys.tasks(self.exp), mapping={t: json.dumps(e) for t, e in self.running.items()})
+        return pipe
 
     def _keep_alive(self) -> None:
         key = keys.coordinator_alive(self.exp)
         owner = self.conn.get(key)
         if owner is not None and owner.decode() != self.name:
             raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode()}")
+        if not self.conn.exists(keys.run(self.exp)):
+            raise CoordinatorError(f"Redis lost the state of experiment {self.exp!r} (key {keys.run(self.exp)} is gone): "
+                                   "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
         self.conn.set(key, self.name, px=_ALIVE_TTL_MS)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -107,7 +164,9 @@ class Coordinator:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._claim()
-            self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id, self.cfg.env.stop_value)
+            if not self.resumed:
+                self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id,
+                              self.cfg.env.stop_value)
             code, reason = self._loop()
             self._finish(code, reason)
             return code
@@ -139,6 +198,9 @@ class Coordinator:
                 last = self.commander.last_eval or {}
                 return EXIT_CONVERGED, (f"converged: eval reward_mean {last.get('reward_mean', 0):.2f} "
                                         f">= stop_value {self.cfg.env.stop_value}")
+            if c.max_task_failures and self._failures_in_a_row >= c.max_task_failures:
+                return EXIT_ERROR, (f"{self._failures_in_a_row} tasks failed in a row (commander.max_task_failures); "
+                                    f"last error: {self._last_failure}")
             cm = self.commander
             if c.max_env_step and cm.total_envstep >= c.max_env_step:
                 return EXIT_LIMIT, f"max_env_step {c.max_env_step} reached without convergence"
@@ -155,21 +217,37 @@ class Coordinator:
 
     def _enqueue(self, kind: str, task: dict) -> None:
         c = self.cfg.commander
-        timeout = c.learner_job_timeout if kind == "learner" else c.collector_job_timeout
+        timeout = int(c.learner_job_timeout if kind == "learner" else c.collector_job_timeout)
+        self.running[task["task_id"]] = {"task": task, "kind": kind, "started": False, "enqueued": time.time()}
+        # Job, lease and the coordinator's state change together or not at all.
+        pipe = self.conn.pipeline(transaction=True)
         self.queues[kind].enqueue_call(
-            _JOB_FUNC[kind], args=(task,), job_id=task["task_id"], timeout=int(timeout),
+            _JOB_FUNC[kind], args=(task,), job_id=task["task_id"], timeout=timeout,
             result_ttl=3600, failure_ttl=7 * 86400,
             description=f"rqrl {self.exp} {kind}{' eval' if task.get('eval_flag') else ''} {task['task_id']}",
             on_failure=Callback("workers.callbacks.report_job_failure"),
             at_front=bool(task.get("eval_flag")),  # an eval should not wait behind training tasks
+            pipeline=pipe,
         )
-        self.running[task["task_id"]] = {"task": task, "kind": kind, "started": False, "enqueued": time.time()}
+        grant_lease(self.conn, self.exp, task["task_id"], timeout + 3600, pipe=pipe)
+        self._persist(pipe).execute()
         self.log.info("dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
 
     # ------------------------------------------------------------------ events
     def _process_events(self, block_ms: int) -> bool:
         stream = keys.events(self.exp)
-        entries = streams.read_group(self.conn, stream, keys.COORDINATOR_GROUP, self.name, 256, block_ms)
+        try:
+            entries = streams.read_group(self.conn, stream, keys.COORDINATOR_GROUP, self.name, 256, block_ms)
+        except redis.ResponseError as e:
+            if "NOGROUP" in str(e):
+                raise CoordinatorError(f"{stream} lost its consumer group: was Redis restarted without persistence "
+                                       "or flushed? See docs/deploy.md on AOF.") from None
+            raise
+        return self._handle_entries(stream, entries)
+
+    def _handle_entries(self, stream: str, entries: list) -> bool:
+        if not entries:
+            return False
         converged = False
         for entry_id, raw in entries:
             try:
@@ -177,7 +255,10 @@ class Coordinator:
                 converged |= self._route(ev)
             except (streams.MalformedEntry, KeyError, ValueError, TypeError) as e:
                 self.log.error("dropping bad event %s: %s", entry_id.decode(), e)
-        streams.ack(self.conn, stream, keys.COORDINATOR_GROUP, [e for e, _ in entries])
+        # The state the events produced and their acks land together (exactly-once routing).
+        pipe = self._persist(self.conn.pipeline(transaction=True))
+        pipe.xack(stream, keys.COORDINATOR_GROUP, *[e for e, _ in entries])
+        pipe.execute()
         return converged
 
     def _route(self, ev: dict[str, Any]) -> bool:
@@ -191,6 +272,8 @@ class Coordinator:
             self.commander.update_learner_info(tid, ev)
         elif etype == "finished":
             del self.running[tid]
+            self.conn.delete(keys.lease(self.exp, tid))
+            self._failures_in_a_row = 0
             if kind == "collector":
                 return self.commander.finish_collector_task(tid, ev)
             self.learner_finished = True
@@ -201,6 +284,10 @@ class Coordinator:
 
     def _fail(self, tid: str, reason: str) -> None:
         entry = self.running.pop(tid)
+        # Revoke first: if the task is a zombie (alive but cut off), it can no longer write.
+        self.conn.delete(keys.lease(self.exp, tid))
+        self._failures_in_a_row += 1
+        self._last_failure = f"{entry['kind']} task {tid}: {reason}"
         self.log.warning("%s task %s failed: %s; its space is freed and a replacement will be issued",
                          entry["kind"], tid, reason)
         if entry["kind"] == "collector":
@@ -215,16 +302,19 @@ class Coordinator:
             pipe = self.conn.pipeline(transaction=False)
             for t in started:
                 pipe.exists(keys.heartbeat(self.exp, t))
-            for t, alive in zip(started, pipe.execute()):
-                if not alive and t in self.running:
-                    self._fail(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
-                                  f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
+            dead = [t for t, alive in zip(started, pipe.execute()) if not alive and t in self.running]
+            for t in dead:
+                self._fail(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
+                              f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
+            if dead:
+                self._persist(self.conn.pipeline(transaction=True)).execute()
         waiting = [t for t, e in self.running.items() if not e["started"]]
         if waiting:
             for t, job in zip(waiting, Job.fetch_many(waiting, connection=self.conn)):
                 status = job.get_status(refresh=False) if job is not None else None
                 if job is None or status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
                     self._fail(t, f"RQ job is {status or 'gone'} before the task started")
+                    self._persist(self.conn.pipeline(transaction=True)).execute()
 
     # ------------------------------------------------------------------ ending
     def _write_summary(self, **extra: Any) -> dict[str, Any]:

@@ -196,7 +196,7 @@ class Collector:
         steps = 0
         deadline = time.time() + float(cfg.policy.eval.evaluator.max_episode_seconds) * max(1, quota.max())
         while (done_count < quota).any():
-            if self._comm.stop_flag or time.time() > deadline:
+            if self._comm.poll_stop() or time.time() > deadline:
                 break
             actions = self._policy.greedy(obs)
             obs, reward, terminated, truncated, _ = self._env.step(actions)

@@ -2,9 +2,10 @@
 
 The seed's FlaskFileSystemCollector wrote one file per sample, queued metadata in memory behind
 ``sleep(0.1)`` loops and served it over HTTP. Here each call becomes a Redis command on one
-pipeline, sent once per chunk (:meth:`RedisCommCollector.flush`): SET the blob with a TTL,
-XADD its metadata, INCRBY the experiment's env-step counter, and read back the policy version,
-the learner's ``envstep_limit`` and the stop flag — one round trip per ``n_sample`` transitions.
+Lua script, run once per chunk (:meth:`RedisCommCollector.flush`): check the task's lease, SET
+the blob with a TTL, XADD its metadata, count it (env-step counter and buffer stats), and read
+back the policy version, the learner's ``envstep_limit`` and the stop flag — one atomic round
+trip per ``n_sample`` transitions, refused once the coordinator revoked the task's lease.
 
 Replay-ratio limiter (collector side): when the env-step counter passes the ``envstep_limit``
 the learner published with its last policy, the collector waits on the policy's pub/sub
@@ -23,6 +24,7 @@ import numpy as np
 import redis
 
 from common import blobstore, events, keys, serialization, streams
+from common.scripts import send_chunk
 
 
 class RedisCommCollector:
@@ -43,9 +45,12 @@ class RedisCommCollector:
         self._meta_stream = keys.buffer_meta(self._exp, task["buffer_id"])
         self._policy_key = keys.policy(self._exp, task["policy_id"])
         self._updates_channel = keys.policy_updates(self._exp, task["policy_id"])
-        self._pipe = conn.pipeline(transaction=False)
+        self._lease = keys.lease(self._exp, self._task_id)
+        self._chunk_keys = [self._lease, "", self._meta_stream, keys.envstep(self._exp),
+                            keys.buffer_stats(self._exp, task["buffer_id"]), self._policy_key, keys.stop(self._exp)]
+        self._pending: dict[str, Any] = {}
         self._pubsub = None
-        self._pending_env_steps = 0
+        self._next_stop_poll = 0.0
         self._n_sent = 0
         self.policy_version: int | None = None
         self.stop_flag = False
@@ -62,15 +67,15 @@ class RedisCommCollector:
                     host=socket.gethostname(), pid=os.getpid(), eval_flag=bool(self._task["eval_flag"]))
 
     def deal_with_collector_close(self, finish_info: dict[str, Any]) -> None:
-        """Flush what is queued and report the seed's finish info in a ``finished`` event."""
-        self.flush()
+        """Report the seed's finish info in a ``finished`` event."""
         events.emit(self._conn, self._exp, "finished", self._task_id, "collector",
                     buffer_id=self._task["buffer_id"], **finish_info)
 
     def send_stepdata(self, data_id: str, stepdata: dict[str, np.ndarray]) -> int:
-        """Queue one chunk of stacked transitions as a msgpack blob; returns its size in bytes."""
+        """Stage one chunk of stacked transitions as a msgpack blob (sent by :meth:`flush`); returns bytes."""
         payload = serialization.dumps(stepdata)
-        blobstore.put_data(self._pipe, keys.data(self._exp, data_id), payload, self._data_ttl)
+        self._pending["data_key"] = keys.data(self._exp, data_id)
+        self._pending["payload"] = payload
         return len(payload)
 
     def send_metadata(self, metadata: dict[str, Any]) -> None:
@@ -78,10 +83,8 @@ class RedisCommCollector:
         missing = {"data_id", "policy_iter"} - metadata.keys()
         if missing:
             raise ValueError(f"task {self._task_id}: metadata lacks {sorted(missing)}")
-        self._pipe.xadd(self._meta_stream, streams.encode_fields(metadata),
-                        maxlen=streams.DEFAULT_MAXLEN, approximate=True)
-        self._pending_env_steps += int(metadata.get("env_steps", 0))
-        self._n_sent += 1
+        self._pending["fields"] = streams.encode_fields(metadata)
+        self._pending["env_steps"] = int(metadata.get("env_steps", 0))
 
     def wait_for_policy(self, timeout_s: float) -> None:
         """Block until the learner has published a first policy (pub/sub, checking the stop flag).
@@ -125,26 +128,39 @@ class RedisCommCollector:
 
     # -- batching -------------------------------------------------------------------------
     def flush(self, max_wait_s: float = 30.0) -> bool:
-        """Send everything queued in one round trip; read policy version, envstep_limit and stop flag.
+        """Send the staged chunk and its metadata atomically; read policy version, limit and stop flag.
 
         Blocks (pub/sub, at most ``max_wait_s`` seconds) while the collectors are ahead of the
         learner's ``envstep_limit``.
 
         Returns:
             True when the published policy version is newer than the one held.
+
+        Raises:
+            common.scripts.LeaseRevoked: the coordinator declared this task dead.
+            ValueError: :meth:`send_stepdata` / :meth:`send_metadata` were not both called.
         """
-        self._pipe.incrby(keys.envstep(self._exp), self._pending_env_steps)
-        self._pending_env_steps = 0
-        self._pipe.hmget(self._policy_key, ["version", "envstep_limit"])
-        self._pipe.exists(keys.stop(self._exp))
-        replies = self._pipe.execute()
-        counter, (version_raw, limit_raw), stop = replies[-3], replies[-2], replies[-1]
+        p, self._pending = self._pending, {}
+        if not {"data_key", "fields"} <= p.keys():
+            raise ValueError(f"task {self._task_id}: flush needs send_stepdata and send_metadata first")
+        self._chunk_keys[1] = p["data_key"]
+        _, counter, version_raw, limit_raw, stop = send_chunk(
+            self._conn, self._chunk_keys, p["payload"], self._data_ttl, streams.DEFAULT_MAXLEN, p["env_steps"], p["fields"])
+        self._n_sent += 1
         self.stop_flag = bool(stop)
         if limit_raw is not None and counter > int(limit_raw) and not self.stop_flag:
             version_raw = self._wait_for_learner(counter, max_wait_s) or version_raw
         if version_raw is None:
             return False
         return self.policy_version is None or int(version_raw) > self.policy_version
+
+    def poll_stop(self, interval_s: float = 0.5) -> bool:
+        """Refresh :attr:`stop_flag` at most every ``interval_s`` seconds (for tasks that send no data)."""
+        now = time.monotonic()
+        if now >= self._next_stop_poll:
+            self._next_stop_poll = now + interval_s
+            self.stop_flag = bool(self._conn.exists(keys.stop(self._exp)))
+        return self.stop_flag
 
     def _wait_for_learner(self, counter: int, max_wait_s: float) -> bytes | None:
         """Wait for a publication whose envstep_limit admits ``counter``; returns its version."""

@@ -1,9 +1,12 @@
 """Learner-side I/O: the buffer-stream reader thread and policy / checkpoint publication.
 
 The reader consumes ``rqrl:{exp}:buffer:{buffer_id}:meta`` through consumer group ``learner``
-(XREADGROUP BLOCK), fetches the blobs of each batch of entries with one MGET, inserts them in
-the replay buffer and XACKs. A blob that expired, fails to decode or has the wrong layout is
-logged with its key, counted and acked (it can never become valid), and the rest goes on.
+(XREADGROUP BLOCK; at start it first claims, with XAUTOCLAIM, entries a dead learner read but
+never acked), fetches the blobs of each batch with one MGET, then acks them in one Lua script
+that also deletes the blobs and counts each entry once in ``rqrl:{exp}:buffer:{id}:stats``.
+Only entries whose XACK succeeded there — a first delivery — are inserted in the replay
+buffer, so a re-delivered entry can never be inserted or counted twice. A blob that expired,
+fails to decode or has the wrong layout is logged with its key, counted, and acked.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import redis
 import torch
 
 from common import blobstore, keys, serialization, streams
+from common.scripts import ack_chunks
 from workers.replay_buffer import ReplayBuffer
 
 _META_SPEC = {"data_id": str, "n_samples": int, "env_steps": int}
@@ -26,16 +30,20 @@ _META_SPEC = {"data_id": str, "n_samples": int, "env_steps": int}
 class BufferReader(threading.Thread):
     """Background thread filling ``buffer`` from the buffer stream.
 
-    Counters (read from the trainer thread): ``env_steps`` (env steps of consumed chunks),
-    ``chunks``, ``expired``, ``corrupt``, ``malformed``.
+    Counters (read from the trainer thread): ``env_steps`` (env steps of chunks consumed by this
+    reader), ``chunks``, ``expired``, ``corrupt``, ``malformed``, ``duplicates``; ``env_steps_base``
+    holds the buffer's consumed env steps before this reader started (from the stats hash).
     """
 
     def __init__(self, conn: redis.Redis, exp: str, buffer_id: str, consumer: str, buffer: ReplayBuffer,
-                 logger: logging.Logger, on_data: Callable[[], None], batch: int = 64, block_ms: int = 500) -> None:
+                 logger: logging.Logger, on_data: Callable[[], None], lease_key: str,
+                 batch: int = 64, block_ms: int = 500) -> None:
         super().__init__(name=f"buffer-reader-{buffer_id}", daemon=True)
         self._conn = conn
         self._exp = exp
         self._stream = keys.buffer_meta(exp, buffer_id)
+        self._stats_key = keys.buffer_stats(exp, buffer_id)
+        self._lease = lease_key
         self._consumer = consumer
         self._buffer = buffer
         self._logger = logger
@@ -48,19 +56,35 @@ class BufferReader(threading.Thread):
         self.expired = 0
         self.corrupt = 0
         self.malformed = 0
+        self.duplicates = 0
         self.error: BaseException | None = None
         streams.ensure_group(conn, self._stream, keys.LEARNER_GROUP)
+        self.env_steps_base = int(conn.hget(self._stats_key, "env_steps") or 0)
 
     def stop(self) -> None:
         self._halt.set()
 
     def run(self) -> None:
+        try:
+            self._claim_orphans()
+        except BaseException as e:
+            self.error = e
+            self._on_data()
+            return
         while not self._halt.is_set():
             try:
                 entries = streams.read_group(self._conn, self._stream, keys.LEARNER_GROUP, self._consumer,
                                              self._batch, self._block_ms)
                 if entries:
                     self._consume(entries)
+            except redis.ResponseError as e:
+                if "NOGROUP" in str(e):
+                    self.error = RuntimeError(f"{self._stream} lost its consumer group: was Redis restarted "
+                                              "without persistence?")
+                else:
+                    self.error = e
+                self._on_data()
+                return
             except redis.RedisError as e:
                 # The client already retried with backoff; keep going unless told to stop.
                 self._logger.warning("buffer reader: Redis error on %s: %s", self._stream, e)
@@ -70,73 +94,104 @@ class BufferReader(threading.Thread):
                 self._on_data()
                 return
 
+    def _claim_orphans(self) -> None:
+        """Take over entries delivered to a dead learner and never acked (XAUTOCLAIM)."""
+        start = "0-0"
+        while True:
+            reply = self._conn.xautoclaim(self._stream, keys.LEARNER_GROUP, self._consumer, min_idle_time=0,
+                                          start_id=start, count=self._batch)
+            start, claimed = reply[0], [e for e in reply[1] if e[1] is not None]
+            if claimed:
+                self._logger.info("claimed %d unacked entries of %s from a previous learner", len(claimed), self._stream)
+                self._consume(claimed)
+            if start in (b"0-0", "0-0"):
+                return
+
     def _consume(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        metas, ids, good = [], [], []
+        plan: list[tuple[bytes, str, int, str]] = []
+        chunks: dict[bytes, Any] = {}
+        metas: dict[bytes, dict[str, Any]] = {}
         for entry_id, raw in entries:
-            ids.append(entry_id)
             try:
                 meta = streams.decode_fields(raw)
                 streams.require(meta, _META_SPEC, f"{self._stream} entry {entry_id.decode()}")
+                metas[entry_id] = meta
             except streams.MalformedEntry as e:
-                self.malformed += 1
                 self._logger.error("skipping malformed entry: %s", e)
-                continue
-            metas.append(meta)
-        blobs = blobstore.get_many(self._conn, [keys.data(self._exp, m["data_id"]) for m in metas])
-        for meta, blob in zip(metas, blobs):
-            key = keys.data(self._exp, meta["data_id"])
+                plan.append((entry_id, "", 0, "malformed"))
+        ids = list(metas)
+        data_keys = [keys.data(self._exp, metas[i]["data_id"]) for i in ids]
+        for entry_id, key, blob in zip(ids, data_keys, blobstore.get_many(self._conn, data_keys)):
+            env_steps = metas[entry_id]["env_steps"]
             if blob is None:
-                self.expired += 1
                 self._logger.warning("step data %s expired before it was consumed", key)
+                plan.append((entry_id, key, env_steps, "expired"))
                 continue
             try:
                 chunk = serialization.loads(blob, what=key)
-                n = self._buffer.check(chunk, key)
+                self._buffer.check(chunk, key)
             except ValueError as e:
-                self.corrupt += 1
                 self._logger.error("skipping corrupt step data: %s", e)
+                plan.append((entry_id, key, env_steps, "corrupt"))
                 continue
-            good.append((meta, chunk, n))
-        for meta, chunk, _ in good:
-            self._buffer.extend(chunk)
-            self.env_steps += meta["env_steps"]
-            self.chunks += 1
-        # Consumed blobs are no longer needed: delete them with the ack instead of waiting for the TTL.
-        pipe = self._conn.pipeline(transaction=False)
-        pipe.xack(self._stream, keys.LEARNER_GROUP, *ids)
-        if metas:
-            pipe.delete(*[keys.data(self._exp, m["data_id"]) for m in metas])
-        pipe.execute()
-        if good:
+            chunks[entry_id] = chunk
+            plan.append((entry_id, key, env_steps, "consumed"))
+        if not plan:
+            return
+        first = ack_chunks(self._conn, self._lease, self._stream, self._stats_key, keys.LEARNER_GROUP, plan)
+        inserted = False
+        for (entry_id, _, env_steps, status), new in zip(plan, first):
+            if not new:
+                self.duplicates += 1
+                continue
+            if status == "consumed":
+                self._buffer.extend(chunks[entry_id])
+                self.env_steps += env_steps
+                self.chunks += 1
+                inserted = True
+            else:
+                setattr(self, status, getattr(self, status) + 1)
+        if inserted:
             self._on_data()
 
 
 def publish_policy(conn: redis.Redis, exp: str, policy_id: str, weights: dict[str, Any], train_iter: int,
-                   envstep_limit: int) -> int:
+                   envstep_limit: int, lease_key: str | None = None) -> int:
     """Publish collector weights as version ``train_iter`` and announce it on the updates channel.
 
     Args:
         envstep_limit: env steps the collectors may have sent before they wait for the next
             publication (the collector side of the replay-ratio limiter).
+        lease_key: the publishing task's lease; nothing is written once it is revoked.
 
     Returns:
         The blob size in bytes.
+
+    Raises:
+        common.scripts.LeaseRevoked: the lease is gone.
     """
     payload = serialization.dumps(weights)
     blobstore.put_versioned(conn, keys.policy(exp, policy_id), payload, train_iter,
                             meta={"train_iter": train_iter, "envstep_limit": int(envstep_limit),
-                                  "ts": round(time.time(), 3), "format": "msgpack-ndarray"})
-    conn.publish(keys.policy_updates(exp, policy_id), f"{train_iter} {int(envstep_limit)}")
+                                  "ts": round(time.time(), 3), "format": "msgpack-ndarray"},
+                            lease_key=lease_key, channel=keys.policy_updates(exp, policy_id),
+                            message=f"{train_iter} {int(envstep_limit)}")
     return len(payload)
 
 
-def save_checkpoint(conn: redis.Redis, exp: str, name: str, state: dict[str, Any], train_iter: int) -> int:
-    """Store a learner checkpoint (torch.save bytes) under ``rqrl:{exp}:ckpt:{name}``; returns bytes."""
+def save_checkpoint(conn: redis.Redis, exp: str, name: str, state: dict[str, Any], train_iter: int,
+                    lease_key: str | None = None) -> int:
+    """Store a learner checkpoint (torch.save bytes) under ``rqrl:{exp}:ckpt:{name}``; returns bytes.
+
+    Raises:
+        common.scripts.LeaseRevoked: ``lease_key`` is given and gone.
+    """
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
     blobstore.put_versioned(conn, keys.ckpt(exp, name), payload, train_iter,
-                            meta={"train_iter": train_iter, "ts": round(time.time(), 3), "format": "torch"})
+                            meta={"train_iter": train_iter, "ts": round(time.time(), 3), "format": "torch"},
+                            lease_key=lease_key)
     return len(payload)
 
 

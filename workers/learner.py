@@ -46,12 +46,12 @@ from workers.task import Heartbeat, is_stale, stop_requested, task_connection, v
 class CheckpointStore:
     """Where a learner's checkpoints go: Redis (parallel mode) or files (when no Redis is given)."""
 
-    def __init__(self, conn: Optional[redis.Redis], exp: str, ckpt_dir: Path) -> None:
-        self._conn, self._exp, self._dir = conn, exp, ckpt_dir
+    def __init__(self, conn: Optional[redis.Redis], exp: str, ckpt_dir: Path, lease_key: Optional[str] = None) -> None:
+        self._conn, self._exp, self._dir, self._lease = conn, exp, ckpt_dir, lease_key
 
     def save(self, name: str, state: dict[str, Any], train_iter: int) -> None:
         if self._conn is not None:
-            save_checkpoint(self._conn, self._exp, name, state, train_iter)
+            save_checkpoint(self._conn, self._exp, name, state, train_iter, lease_key=self._lease)
         else:
             self._dir.mkdir(parents=True, exist_ok=True)
             torch.save(state, self._dir / f"{name}.pth")
@@ -296,13 +296,14 @@ class PublishPolicyHook(LearnerHook):
     """Publish collector weights before the run and every ``send_policy_freq`` iterations."""
 
     def __init__(self, conn: redis.Redis, exp: str, policy_id: str, position: str, freq: int,
-                 envstep_limit: Callable[[int], int]) -> None:
+                 envstep_limit: Callable[[int], int], lease_key: str) -> None:
         super().__init__(f"publish_policy_{position}", position, priority=30, freq=freq)
         self._conn, self._exp, self._policy_id, self._limit = conn, exp, policy_id, envstep_limit
+        self._lease = lease_key
 
     def __call__(self, learner: BaseLearner) -> None:
         publish_policy(self._conn, self._exp, self._policy_id, learner.policy.publishable_state(),
-                       learner.train_iter, self._limit(learner.train_iter))
+                       learner.train_iter, self._limit(learner.train_iter), lease_key=self._lease)
 
 
 class SendInfoHook(LearnerHook):
@@ -330,7 +331,7 @@ class ReplayFeeder:
         self._lead = int(cfg.policy.learn.max_env_step_lead)
         self._base_iter = 0
         self._rng = np.random.default_rng(seed)
-        # Env steps restored from a checkpoint; read on the first call, after the before_run hooks.
+        # Env steps consumed before this learner started; read on the first call (before_run).
         self._base_envstep: Optional[int] = None
         self._cond = threading.Condition()
         self._next_stop_check = 0.0
@@ -357,9 +358,10 @@ class ReplayFeeder:
         return self._stopped
 
     def envstep(self) -> int:
-        """Env steps behind the buffer: restored count plus what the reader consumed since."""
+        """Env steps consumed by the buffer: the durable count at start plus what the reader consumed since."""
         if self._base_envstep is None:
-            self._base_envstep = self._learner.collector_envstep
+            # Durable count of env steps this buffer consumed before us (exact across learner restarts).
+            self._base_envstep = self.reader.env_steps_base if self.reader else self._learner.collector_envstep
             self._base_iter = self._learner.train_iter
         return self._base_envstep + (self.reader.env_steps if self.reader else 0)
 
@@ -418,7 +420,9 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
     policy = create_policy(cfg, enable_field=("learn",))
     if task.get("resume"):
         cfg.policy.learn.learner.hook.load_ckpt_before_run = "latest"
-    learner = create_learner(cfg, policy=policy, exp_name=exp, checkpoint_store=CheckpointStore(conn, exp, Path()))
+    lease_key = keys.lease(exp, task_id)
+    learner = create_learner(cfg, policy=policy, exp_name=exp,
+                             checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key))
     obs_shape = int(cfg.policy.model.obs_shape)
     buffer = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size, {
         "obs": ((obs_shape,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
@@ -429,7 +433,8 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
     # (30), so collectors start from the resumed weights and train_iter.
     feeder = ReplayFeeder(conn, exp, learner, buffer, cfg, int(task.get("seed", 0)))
     for position, freq in (("before_run", 1), ("after_iter", lcfg.send_policy_freq)):
-        learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq, feeder.envstep_limit))
+        learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq, feeder.envstep_limit,
+                                                lease_key))
     t_start = time.time()
 
     def stats() -> dict[str, Any]:
@@ -442,7 +447,7 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
 
     learner.register_hook(SendInfoHook(conn, exp, task_id, lcfg.send_info_freq, stats))
     learner.get_data = feeder
-    reader = BufferReader(conn, exp, task["buffer_id"], task_id, buffer, learner.logger, feeder.notify)
+    reader = BufferReader(conn, exp, task["buffer_id"], task_id, buffer, learner.logger, feeder.notify, lease_key)
     feeder.reader = reader
     reader.start()
     try:

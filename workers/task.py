@@ -60,9 +60,16 @@ def task_connection(task: dict) -> redis.Redis:
 
 
 def is_stale(conn: redis.Redis, task: dict) -> bool:
-    """True when the task belongs to an earlier run of its experiment (its run id is not current)."""
+    """True when the task may not run: it belongs to an earlier run, or its lease was revoked."""
     current = conn.get(keys.run(task["exp_name"]))
-    return current is None or current.decode() != task["run_id"]
+    if current is None or current.decode() != task["run_id"]:
+        return True
+    return not conn.exists(keys.lease(task["exp_name"], task["task_id"]))
+
+
+def grant_lease(conn: redis.Redis, exp: str, task_id: str, ttl_s: int, pipe: redis.client.Pipeline | None = None) -> None:
+    """Give ``task_id`` its write lease (the coordinator does this when it dispatches the task)."""
+    (pipe or conn).set(keys.lease(exp, task_id), "1", ex=int(ttl_s))
 
 
 def stop_requested(conn: redis.Redis, exp: str) -> bool:

@@ -14,6 +14,7 @@ from common import keys, streams
 from common.config import apply_overrides
 from coordinator.commander import SoloCommander
 from tests.conftest import REPO, rq_bin, worker_env
+from workers.task import grant_lease
 
 pytestmark = pytest.mark.redis_server
 
@@ -58,6 +59,8 @@ def test_collector_and_learner_through_rq_workers(setup):
     exp = cfg.exp_name
     learner_task = commander.get_learner_task()
     collector_task = commander.get_collector_task()
+    for t in (learner_task, collector_task):
+        grant_lease(conn, exp, t["task_id"], 600)
     assert not collector_task["eval_flag"]
     Queue(keys.LEARNER_QUEUE, connection=conn).enqueue_call(
         "workers.learner.run_learner_task", args=(learner_task,), job_id=learner_task["task_id"], timeout=300)
@@ -108,6 +111,7 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
     commander.update_learner_info("learner_x", {"learner_step": 500, "collector_envstep": 1000})
     task = commander.get_collector_task()
     assert task["eval_flag"]
+    grant_lease(conn, exp, task["task_id"], 600)
     # A published policy is all an eval task needs (no learner running).
     from common.policy import create_policy
     from workers.comm_learner import publish_policy

@@ -1,0 +1,108 @@
+"""Lua scripts for the writes that must be atomic and lease-checked.
+
+A task whose lease (``rqrl:{exp}:task:{task_id}:lease``) was revoked — the coordinator
+declared it dead and issued a replacement — must not publish anything more. Each script checks
+the lease and performs its writes in one atomic step, so a zombie can never interleave with
+its replacement. Scripts are sent with EVALSHA (redis-py's ``register_script``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import redis
+
+# KEYS: lease, data, meta stream, envstep counter, buffer stats, policy hash, stop
+# ARGV: payload, ttl_s, maxlen, env_steps, field1, value1, ...
+# -> {1, counter, policy version|nil, envstep_limit|nil, stop} or {0} when the lease is gone
+_SEND_CHUNK = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+local fields = {}
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(fields))
+local counter = redis.call('INCRBY', KEYS[4], ARGV[4])
+redis.call('HINCRBY', KEYS[5], 'produced', 1)
+redis.call('HINCRBY', KEYS[5], 'produced_env_steps', ARGV[4])
+local pol = redis.call('HMGET', KEYS[6], 'version', 'envstep_limit')
+return {1, counter, pol[1], pol[2], redis.call('EXISTS', KEYS[7])}
+"""
+
+# KEYS: lease, meta stream, buffer stats
+# ARGV: group, then per entry: id, data key ('' for none), env_steps, status
+# -> per entry 1 (first ack: counted under status) or 0 (already acked: counted as duplicate);
+#    or {-1} when the lease is gone
+_ACK_CHUNKS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
+local out = {}
+for i = 2, #ARGV, 4 do
+  local acked = redis.call('XACK', KEYS[2], ARGV[1], ARGV[i])
+  if acked == 1 then
+    if ARGV[i + 1] ~= '' then redis.call('DEL', ARGV[i + 1]) end
+    redis.call('HINCRBY', KEYS[3], ARGV[i + 3], 1)
+    if ARGV[i + 3] == 'consumed' then redis.call('HINCRBY', KEYS[3], 'env_steps', ARGV[i + 2]) end
+  else
+    redis.call('HINCRBY', KEYS[3], 'duplicate', 1)
+  end
+  out[#out + 1] = acked
+end
+return out
+"""
+
+# KEYS: lease, hash ; ARGV: channel ('' for none), message, field1, value1, ...  -> 1, or 0 without lease
+_PUT_VERSIONED = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[2])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
+return 1
+"""
+
+
+class LeaseRevoked(RuntimeError):
+    """The task's lease is gone: it was declared dead and replaced; it must stop writing."""
+
+
+def _script(conn: redis.Redis, name: str, body: str) -> Any:
+    cache = conn.__dict__.setdefault("_rqrl_scripts", {})
+    if name not in cache:
+        cache[name] = conn.register_script(body)
+    return cache[name]
+
+
+def send_chunk(conn: redis.Redis, keys_: Sequence[str], payload: bytes, ttl_s: int, maxlen: int, env_steps: int,
+               fields: dict[str, str]) -> list:
+    """Run the chunk script (see ``_SEND_CHUNK``); raises :class:`LeaseRevoked` (naming the lease key)."""
+    flat: list[Any] = [payload, int(ttl_s), int(maxlen), int(env_steps)]
+    for k, v in fields.items():
+        flat += [k, v]
+    reply = _script(conn, "send_chunk", _SEND_CHUNK)(keys=list(keys_), args=flat)
+    if reply[0] == 0:
+        raise LeaseRevoked(f"lease {keys_[0]} was revoked; this task was replaced")
+    return reply
+
+
+def ack_chunks(conn: redis.Redis, lease_key: str, stream: str, stats_key: str, group: str,
+               entries: Sequence[tuple[bytes, str, int, str]]) -> list[int]:
+    """Ack entries atomically with their accounting (see ``_ACK_CHUNKS``); returns per-entry 1/0."""
+    args: list[Any] = [group]
+    for entry_id, data_key, env_steps, status in entries:
+        args += [entry_id, data_key, int(env_steps), status]
+    reply = _script(conn, "ack_chunks", _ACK_CHUNKS)(keys=[lease_key, stream, stats_key], args=args)
+    if reply and reply[0] == -1:
+        raise LeaseRevoked(f"lease {lease_key} was revoked; this learner was replaced")
+    return [int(x) for x in reply]
+
+
+def put_versioned_leased(conn: redis.Redis, lease_key: str, key: str, mapping: dict[str, Any],
+                         channel: str = "", message: str = "") -> None:
+    """Replace hash ``key`` with ``mapping`` (and PUBLISH) only while ``lease_key`` exists.
+
+    Raises:
+        LeaseRevoked: the lease is gone (names it).
+    """
+    args: list[Any] = [channel, message]
+    for k, v in mapping.items():
+        args += [k, v]
+    if _script(conn, "put_versioned", _PUT_VERSIONED)(keys=[lease_key, key], args=args) == 0:
+        raise LeaseRevoked(f"lease {lease_key} was revoked; not writing {key}")

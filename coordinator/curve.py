@@ -1,0 +1,209 @@
+"""Learning curves: eval reward against env steps and against wall time, as a PNG.
+
+* :func:`plot_curve` draws a list of eval points (what the coordinator keeps, or what
+  :func:`evals_from_events` rebuilds from Redis);
+* ``rqrl curve --exp NAME`` rebuilds the curve of a run from its ``rqrl:{exp}:events`` stream.
+
+An eval point is a dict::
+
+    {"envstep": int, "reward_mean": float, "reward_std": float, "time": float (unix seconds),
+     "train_iter": int (optional)}
+
+matplotlib runs on its Agg canvas (no display, no pyplot global state), imported lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+REQUIRED = ("envstep", "reward_mean", "reward_std", "time")
+
+
+def _clean(evals: Iterable[dict[str, Any]]) -> list[dict[str, float]]:
+    out = []
+    for i, ev in enumerate(evals):
+        point = {}
+        for k in REQUIRED:
+            if k not in ev:
+                raise ValueError(f"eval point {i} has no {k!r} (needs {', '.join(REQUIRED)})")
+            try:
+                point[k] = float(ev[k])
+            except (TypeError, ValueError):
+                raise ValueError(f"eval point {i}: {k!r} = {ev[k]!r} is not a number") from None
+        out.append(point)
+    return sorted(out, key=lambda p: p["time"])
+
+
+def _time_axis(seconds: list[float]) -> tuple[list[float], str]:
+    span = max(seconds) if seconds else 0.0
+    if span >= 2 * 3600:
+        return [s / 3600 for s in seconds], "h"
+    if span >= 600:
+        return [s / 60 for s in seconds], "min"
+    return seconds, "s"
+
+
+def plot_curve(evals: list[dict[str, Any]], stop_value: Optional[float], path: str | Path,
+               t0: Optional[float] = None, title: Optional[str] = None) -> Path:
+    """Draw eval ``reward_mean`` (± ``reward_std`` band) against env steps and wall time; save a PNG.
+
+    Args:
+        evals: eval points (see module docstring), in any order; an empty list draws empty axes
+            with a "no evaluations" note.
+        stop_value: drawn as a dashed horizontal line on both plots (``None``: no line).
+        path: the PNG to write (parent folders are created).
+        t0: unix seconds where the wall-time axis starts (default: the first eval's ``time``).
+        title: figure title (default ``"eval reward"``).
+
+    Returns:
+        ``Path(path)``.
+
+    Raises:
+        ValueError: a point lacks a field or has a non-numeric one (names the point and field).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    points = _clean(evals)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    fig = Figure(figsize=(12, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax_step, ax_time = fig.subplots(1, 2)
+    mean = [p["reward_mean"] for p in points]
+    lo = [p["reward_mean"] - p["reward_std"] for p in points]
+    hi = [p["reward_mean"] + p["reward_std"] for p in points]
+    base = t0 if t0 is not None else (points[0]["time"] if points else 0.0)
+    secs, unit = _time_axis([p["time"] - base for p in points])
+    since = "since the first eval" if t0 is None else "since start"
+    xs = {ax_step: ([p["envstep"] for p in points], "env steps"),
+          ax_time: (secs, f"wall time {since} ({unit})")}
+    for ax, (x, label) in xs.items():
+        if points:
+            ax.fill_between(x, lo, hi, alpha=0.25, color="tab:blue", linewidth=0, label="± std")
+            ax.plot(x, mean, marker="o", markersize=3, color="tab:blue", label="eval reward mean")
+        else:
+            ax.text(0.5, 0.5, "no evaluations", transform=ax.transAxes, ha="center", va="center", color="gray")
+        if stop_value is not None:
+            ax.axhline(float(stop_value), color="tab:red", linestyle="--", linewidth=1,
+                       label=f"stop value {float(stop_value):g}")
+        ax.set_xlabel(label)
+        ax.set_ylabel("episode return")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize="small")
+    ax_step.set_title("reward vs env steps")
+    ax_time.set_title("reward vs wall time")
+    best = f", best {max(mean):g}" if mean else ""
+    fig.suptitle(f"{title or 'eval reward'} ({len(points)} evals{best})")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[str, Any]], Optional[float]]:
+    """Eval points of experiment ``exp`` rebuilt from its ``rqrl:{exp}:events`` stream.
+
+    Each ``finished`` event with ``eval_flag`` true is one point: ``reward_mean``,
+    ``reward_std``, ``time`` = its ``ts``, ``train_iter``; ``envstep`` is the
+    ``collector_envstep`` of the latest ``learner_info`` event before it (0 if none).
+
+    Returns:
+        ``(points, t0)``: points in stream order and the ``ts`` of the stream's first event
+        (``None`` for an empty stream).
+    """
+    from common import keys, streams
+
+    stream = keys.events(exp)
+    points: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    envstep = 0
+    t0: Optional[float] = None
+    start = "-"
+    while True:
+        entries = conn.xrange(stream, min=start, max="+", count=page)
+        for entry_id, raw in entries:
+            ev = streams.decode_fields(raw)
+            ts = ev.get("ts")
+            if t0 is None and isinstance(ts, (int, float)) and not isinstance(ts, bool):
+                t0 = float(ts)
+            etype = ev.get("type")
+            if etype == "learner_info" and isinstance(ev.get("collector_envstep"), int):
+                envstep = int(ev["collector_envstep"])
+            elif etype == "finished" and ev.get("eval_flag") is True:
+                tid = str(ev.get("task_id", entry_id))
+                if tid in seen:  # a task's duplicate report
+                    continue
+                try:
+                    point = {"envstep": envstep, "reward_mean": float(ev["reward_mean"]),
+                             "reward_std": float(ev.get("reward_std", 0.0)), "time": float(ev["ts"]),
+                             "train_iter": int(ev.get("train_iter", 0))}
+                except (KeyError, TypeError, ValueError):
+                    continue  # a malformed entry: the coordinator drops it too
+                seen.add(tid)
+                points.append(point)
+        if len(entries) < page:
+            break
+        last = entries[-1][0].decode() if isinstance(entries[-1][0], bytes) else str(entries[-1][0])
+        start = "(" + last
+    return points, t0
+
+
+# ---------------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exp", required=True, help="experiment name (exp_name in the config)")
+    p.add_argument("--redis-url", default=None,
+                   help="redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)")
+    p.add_argument("--out", default=None, help="PNG to write (default: ./EXP/curve.png)")
+    p.add_argument("--stop-value", type=float, default=None,
+                   help="draw this stop value (default: the one in rqrl:EXP:commander, if any)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``rqrl curve``: rebuild the learning curve from Redis; returns the exit code."""
+    import redis
+
+    from common import keys, streams
+    from common.connection import connect, redact, resolve_url
+
+    url = resolve_url(args.redis_url)
+    try:
+        keys.exp_prefix(args.exp)
+    except ValueError as e:
+        print(f"rqrl curve: error: {e}", file=sys.stderr)
+        return 1
+    try:
+        conn = connect(url, socket_timeout=10)
+        points, t0 = evals_from_events(conn, args.exp)
+        stop_value = args.stop_value
+        if stop_value is None:
+            summary = streams.decode_fields(conn.hgetall(keys.commander(args.exp)))
+            sv = summary.get("stop_value")
+            stop_value = float(sv) if isinstance(sv, (int, float)) and not isinstance(sv, bool) else None
+    except (redis.RedisError, ValueError) as e:
+        print(f"rqrl curve: error: cannot read {keys.events(args.exp)} at {redact(url)}: {e}", file=sys.stderr)
+        return 1
+    if not points:
+        print(f"rqrl curve: error: no finished eval events in {keys.events(args.exp)} at {redact(url)}",
+              file=sys.stderr)
+        return 1
+    out = Path(args.out) if args.out else Path(args.exp) / "curve.png"
+    plot_curve(points, stop_value, out, t0=t0, title=args.exp)
+    last = points[-1]
+    print(f"{out}: {len(points)} evals, last reward_mean {last['reward_mean']:g} at {last['envstep']:,} env steps"
+          + (f" (stop value {stop_value:g})" if stop_value is not None else ""), flush=True)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rqrl curve", description="Plot a run's learning curve from its Redis events.")
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
