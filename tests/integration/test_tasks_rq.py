@@ -13,17 +13,17 @@ from rq.registry import FailedJobRegistry
 from common import keys, streams
 from common.config import apply_overrides
 from coordinator.commander import SoloCommander
-from tests.conftest import REPO, rq_bin, worker_env
+from tests.conftest import rq_bin, worker_env
 from workers.task import grant_lease
 
 pytestmark = pytest.mark.redis_server
 
 
-def _worker(url: str, queue: str, burst: bool = True) -> subprocess.Popen:
+def _worker(url: str, queue: str, cwd, burst: bool = True) -> subprocess.Popen:
     argv = [rq_bin(), "worker", queue, "--url", url, "-w", "workers.worker.PreloadWorker"]
     if burst:
         argv.append("--burst")
-    return subprocess.Popen(argv, env=worker_env(url), cwd=REPO / "tests", stdout=subprocess.PIPE,
+    return subprocess.Popen(argv, env=worker_env(url), cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -51,11 +51,11 @@ def setup(real_redis, redis_server, small_cfg, tmp_path):
     cfg = apply_overrides(small_cfg, ["policy.learn.max_env_step_lead=64", "policy.learn.learner.send_policy_freq=1"])
     commander = SoloCommander(cfg, run_id="run-1")
     real_redis.set(keys.run(cfg.exp_name), "run-1")
-    return real_redis, redis_server.url, cfg, commander
+    return real_redis, redis_server.url, cfg, commander, tmp_path
 
 
 def test_collector_and_learner_through_rq_workers(setup):
-    conn, url, cfg, commander = setup
+    conn, url, cfg, commander, cwd = setup
     exp = cfg.exp_name
     learner_task = commander.get_learner_task()
     collector_task = commander.get_collector_task()
@@ -66,8 +66,8 @@ def test_collector_and_learner_through_rq_workers(setup):
         "workers.learner.run_learner_task", args=(learner_task,), job_id=learner_task["task_id"], timeout=300)
     Queue(keys.COLLECTOR_QUEUE, connection=conn).enqueue_call(
         "workers.collector.run_collector_task", args=(collector_task,), job_id=collector_task["task_id"], timeout=300)
-    learner = _worker(url, keys.LEARNER_QUEUE)
-    collector = _worker(url, keys.COLLECTOR_QUEUE)
+    learner = _worker(url, keys.LEARNER_QUEUE, cwd)
+    collector = _worker(url, keys.COLLECTOR_QUEUE, cwd)
     try:
         out, _ = collector.communicate(timeout=180)
         assert collector.returncode == 0, out
@@ -105,7 +105,7 @@ def test_collector_and_learner_through_rq_workers(setup):
 
 
 def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
-    conn, url, cfg, commander = setup
+    conn, url, cfg, commander, cwd = setup
     exp = cfg.exp_name
     commander.get_learner_task()
     commander.update_learner_info("learner_x", {"learner_step": 500, "collector_envstep": 1000})
@@ -120,7 +120,7 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
     publish_policy(conn, exp, task["policy_id"], policy.publishable_state(), 500, 10**9)
     Queue(keys.COLLECTOR_QUEUE, connection=conn).enqueue_call(
         "workers.collector.run_collector_task", args=(task,), job_id=task["task_id"], timeout=120)
-    w = _worker(url, keys.COLLECTOR_QUEUE)
+    w = _worker(url, keys.COLLECTOR_QUEUE, cwd)
     out, _ = w.communicate(timeout=120)
     assert w.returncode == 0, out
     ev = _wait_event(conn, exp, lambda e: e["type"] == "finished", 10)
@@ -131,11 +131,11 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
 
 
 def test_malformed_task_fails_with_clear_error(setup):
-    conn, url, cfg, _ = setup
+    conn, url, cfg, _, cwd = setup
     bad = {"task_id": "collector_task_bad", "exp_name": cfg.exp_name}
     q = Queue(keys.COLLECTOR_QUEUE, connection=conn)
     q.enqueue_call("workers.collector.run_collector_task", args=(bad,), job_id="collector_task_bad", timeout=60)
-    w = _worker(url, keys.COLLECTOR_QUEUE)
+    w = _worker(url, keys.COLLECTOR_QUEUE, cwd)
     w.communicate(timeout=120)
     assert "collector_task_bad" in FailedJobRegistry(queue=q).get_job_ids()
     job = Job.fetch("collector_task_bad", connection=conn)
