@@ -56,7 +56,7 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         collector_job_timeout=600,
         learner_job_timeout=86400,
         # Seconds without a heartbeat after which a running task is declared dead.
-        heartbeat_timeout=10.0,
+        heartbeat_timeout=6.0,
         # Give up (exit 1) after this many task failures in a row with no success (0 = never).
         max_task_failures=10,
     ),

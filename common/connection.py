@@ -27,6 +27,20 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get(ENV_URL) or DEFAULT_URL
 
 
+def _retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=2.0, base=0.1), _RETRIES)
+
+
+def with_retries(conn: redis.Redis) -> redis.Redis:
+    """A new client on the same server, database, credentials and TLS settings as ``conn``, with
+    rqrl's retry-with-backoff (RQ hands job functions a client that has none)."""
+    pool = conn.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs.update(retry=_retry(), retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    kwargs.setdefault("health_check_interval", 30)
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+
+
 def connect(url: str | None = None, *, socket_timeout: float | None = 60.0) -> redis.Redis:
     """Open a client (bytes replies, as RQ needs) with retry-with-backoff on connection errors.
 
@@ -48,7 +62,7 @@ def connect(url: str | None = None, *, socket_timeout: float | None = 60.0) -> r
         socket_timeout=socket_timeout,
         socket_connect_timeout=10.0,
         health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), _RETRIES),
+        retry=_retry(),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
     )
 

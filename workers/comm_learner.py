@@ -119,6 +119,13 @@ class BufferReader(threading.Thread):
             except streams.MalformedEntry as e:
                 self._logger.error("skipping malformed entry: %s", e)
                 plan.append((entry_id, "", 0, "malformed"))
+        for entry_id in list(metas):
+            try:
+                keys.data(self._exp, metas[entry_id]["data_id"])
+            except ValueError as e:
+                self._logger.error("skipping malformed entry %s of %s: %s", entry_id.decode(), self._stream, e)
+                plan.append((entry_id, "", 0, "malformed"))
+                del metas[entry_id]
         ids = list(metas)
         data_keys = [keys.data(self._exp, metas[i]["data_id"]) for i in ids]
         for entry_id, key, blob in zip(ids, data_keys, blobstore.get_many(self._conn, data_keys)):

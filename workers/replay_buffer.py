@@ -41,8 +41,8 @@ class ReplayBuffer:
         n = None
         for name, (shape, _) in self._schema.items():
             arr = chunk.get(name)
-            if not isinstance(arr, np.ndarray):
-                raise ValueError(f"{what}: field {name!r} missing or not an array")
+            if not isinstance(arr, np.ndarray) or arr.ndim == 0:
+                raise ValueError(f"{what}: field {name!r} missing, not an array, or 0-d (expected one row per transition)")
             if tuple(arr.shape[1:]) != shape:
                 raise ValueError(f"{what}: field {name!r} rows have shape {tuple(arr.shape[1:])}, expected {shape}")
             if n is None:

@@ -50,12 +50,15 @@ def validate_task(task: Any, kind: str) -> EasyDict:
 
 
 def task_connection(task: dict) -> redis.Redis:
-    """The Redis the task came from: the RQ job's connection, else ``task["redis_url"]`` / $RQRL_REDIS_URL."""
+    """The Redis the task came from (the RQ job's server, with rqrl's retries), else
+    ``task["redis_url"]`` / $RQRL_REDIS_URL."""
     from rq import get_current_job
+
+    from common.connection import with_retries
 
     job = get_current_job()
     if job is not None:
-        return job.connection
+        return with_retries(job.connection)
     return connect(task.get("redis_url"))
 
 

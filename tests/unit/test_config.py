@@ -324,11 +324,8 @@ def test_apply_override_env_kwargs_new_key():
     assert out.env.env_kwargs == {"max_episode_steps": 300}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG common/config.py merge_strict: an open dict (env.env_kwargs) is replaced wholesale instead of "
-    "deep-merged, so apply_overrides(['env.env_kwargs.max_episode_steps=300']) silently drops every other "
-    "env_kwargs entry set by the config file"))
 def test_apply_override_env_kwargs_keeps_other_entries():
+    # Regression: the open dict env.env_kwargs was replaced wholesale, dropping sibling entries.
     cfg = compile_config({"env": {"env_kwargs": {"max_episode_steps": 200, "sutton_barto_reward": True}}})
     out = apply_overrides(cfg, ["env.env_kwargs.max_episode_steps=300"])
     assert out.env.env_kwargs == {"max_episode_steps": 300, "sutton_barto_reward": True}

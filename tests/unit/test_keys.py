@@ -25,6 +25,9 @@ EXP = "cartpole_dqn"
     (lambda: keys.run(EXP), "rqrl:cartpole_dqn:run"),
     (lambda: keys.coordinator_alive(EXP), "rqrl:cartpole_dqn:coordinator"),
     (lambda: keys.heartbeat(EXP, "learner_task_0123"), "rqrl:cartpole_dqn:task:learner_task_0123:heartbeat"),
+    (lambda: keys.buffer_stats(EXP, "buffer_1a2b"), "rqrl:cartpole_dqn:buffer:buffer_1a2b:stats"),
+    (lambda: keys.tasks(EXP), "rqrl:cartpole_dqn:tasks"),
+    (lambda: keys.lease(EXP, "learner_task_0123"), "rqrl:cartpole_dqn:task:learner_task_0123:lease"),
     (lambda: keys.experiments(), "rqrl:experiments"),
     (lambda: keys.all_keys_pattern(EXP), "rqrl:cartpole_dqn:*"),
 ])
@@ -42,7 +45,7 @@ def test_docstring_table_matches_builders():
         keys.events("E"), keys.buffer_meta("E", "B"), keys.data("E", "D"), keys.policy("E", "P"),
         keys.ckpt("E", "N"), keys.policy_updates("E", "P"), keys.envstep("E"), keys.commander("E"),
         keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.heartbeat("E", "T"),
-        keys.experiments(),
+        keys.experiments(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"),
     }
     documented = set()
     for k in doc_keys:
@@ -76,6 +79,8 @@ def test_invalid_exp_name_rejected_naming_component(bad):
     (lambda v: keys.policy_updates(EXP, v), "policy_id"),
     (lambda v: keys.ckpt(EXP, v), "ckpt name"),
     (lambda v: keys.heartbeat(EXP, v), "task_id"),
+    (lambda v: keys.buffer_stats(EXP, v), "buffer_id"),
+    (lambda v: keys.lease(EXP, v), "task_id"),
 ])
 @pytest.mark.parametrize("bad", ["", "has:colon", "has space", "star*", "q?"])
 def test_invalid_components_rejected_naming_component(builder, component, bad):

@@ -54,12 +54,9 @@ def test_shapes_roundtrip(shape):
     np.testing.assert_array_equal(out, arr)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG common/serialization.py _default: np.ascontiguousarray() always returns ndim >= 1, so a 0-d "
-    "array is encoded with shape [1] and decodes as shape (1,) instead of () (module docstring promises "
-    "0-d arrays round-trip exactly)"))
 @pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
 def test_zero_dim_array_keeps_shape(dtype):
+    # Regression: np.ascontiguousarray() turned 0-d arrays into shape (1,).
     arr = np.array(3, dtype=dtype)
     out = roundtrip(arr)
     assert out.shape == ()
