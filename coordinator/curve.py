@@ -91,6 +91,8 @@ def plot_curve(evals: list[dict[str, Any]], stop_value: Optional[float], path: s
         if stop_value is not None:
             ax.axhline(float(stop_value), color="tab:red", linestyle="--", linewidth=1,
                        label=f"stop value {float(stop_value):g}")
+        if points and min(x) >= 0:
+            ax.set_xlim(left=0)
         ax.set_xlabel(label)
         ax.set_ylabel("episode return")
         ax.grid(True, alpha=0.3)

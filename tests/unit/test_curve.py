@@ -1,0 +1,132 @@
+"""Unit tests for coordinator/curve.py: the PNG and the eval points rebuilt from the events stream."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from common import keys, streams
+from coordinator import curve
+from coordinator.cli import main as rqrl_main
+
+T0 = 1_700_000_000.0
+
+
+def points(n=5):
+    return [{"envstep": 1000 * (i + 1), "reward_mean": 20.0 * (i + 1), "reward_std": 3.0, "time": T0 + 30 * i,
+             "train_iter": 200 * (i + 1)} for i in range(n)]
+
+
+def check_png(path, size=(1200, 450)):
+    assert path.is_file() and path.stat().st_size > 1000
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        assert im.size == size
+
+
+def test_plot_curve_writes_png(tmp_path):
+    out = curve.plot_curve(points(), 195.0, tmp_path / "sub" / "curve.png")
+    assert out == tmp_path / "sub" / "curve.png"
+    check_png(out)
+
+
+def test_plot_curve_any_order_t0_and_no_stop_value(tmp_path):
+    pts = list(reversed(points(8)))
+    check_png(curve.plot_curve(pts, None, tmp_path / "c.png", t0=T0 - 5000, title="exp"))
+
+
+def test_plot_curve_without_evals_still_draws(tmp_path):
+    check_png(curve.plot_curve([], 195.0, tmp_path / "empty.png"))
+
+
+def test_plot_curve_names_bad_point(tmp_path):
+    bad = points(2)
+    del bad[1]["reward_std"]
+    with pytest.raises(ValueError, match=r"eval point 1 has no 'reward_std'"):
+        curve.plot_curve(bad, 195.0, tmp_path / "x.png")
+    bad = points(1)
+    bad[0]["time"] = "soon"
+    with pytest.raises(ValueError, match=r"'time' = 'soon' is not a number"):
+        curve.plot_curve(bad, 195.0, tmp_path / "x.png")
+
+
+def add_event(conn, exp, **fields):
+    streams.add(conn, keys.events(exp), fields)
+
+
+def fill_stream(conn, exp="cp"):
+    """A run's events: evals between learner_info updates, plus entries that must be ignored."""
+    c = "collector"
+    add_event(conn, exp, type="started", task_id="L", task_type="learner", ts=T0)
+    add_event(conn, exp, type="finished", task_id="e0", task_type=c, eval_flag=True, reward_mean=9.5,
+              reward_std=0.5, train_iter=0, ts=T0 + 1)
+    add_event(conn, exp, type="learner_info", task_id="L", task_type="learner", collector_envstep=100,
+              learner_step=50, ts=T0 + 2)
+    add_event(conn, exp, type="finished", task_id="t1", task_type=c, eval_flag=False, reward_mean=15.0,
+              reward_std=1.0, train_iter=40, ts=T0 + 3)  # a training task: not an eval
+    add_event(conn, exp, type="finished", task_id="e1", task_type=c, eval_flag=True, reward_mean=20.0,
+              reward_std=2.0, train_iter=50, ts=T0 + 4)
+    add_event(conn, exp, type="learner_info", task_id="L", task_type="learner", collector_envstep=300,
+              learner_step=150, ts=T0 + 5)
+    add_event(conn, exp, type="learner_info", task_id="L", task_type="learner", collector_envstep=500,
+              learner_step=250, ts=T0 + 6)
+    add_event(conn, exp, type="failed", task_id="e2", task_type=c, eval_flag=True, error="boom", ts=T0 + 7)
+    add_event(conn, exp, type="finished", task_id="e3", task_type=c, eval_flag=True, reward_mean=150.0,
+              reward_std=12.5, train_iter=250, ts=T0 + 8)
+    add_event(conn, exp, type="finished", task_id="e3", task_type=c, eval_flag=True, reward_mean=150.0,
+              reward_std=12.5, train_iter=250, ts=T0 + 9)  # a duplicate report
+    add_event(conn, "other", type="finished", task_id="x", task_type=c, eval_flag=True, reward_mean=1.0,
+              reward_std=0.0, train_iter=1, ts=T0 + 10)
+
+
+EXPECTED = [
+    {"envstep": 0, "reward_mean": 9.5, "reward_std": 0.5, "time": T0 + 1, "train_iter": 0},
+    {"envstep": 100, "reward_mean": 20.0, "reward_std": 2.0, "time": T0 + 4, "train_iter": 50},
+    {"envstep": 500, "reward_mean": 150.0, "reward_std": 12.5, "time": T0 + 8, "train_iter": 250},
+]
+
+
+@pytest.mark.parametrize("page", [5000, 2, 1])
+def test_evals_from_events(fake_redis, page):
+    fill_stream(fake_redis)
+    pts, t0 = curve.evals_from_events(fake_redis, "cp", page=page)
+    assert pts == EXPECTED
+    assert t0 == T0
+
+
+def test_evals_from_empty_stream(fake_redis):
+    assert curve.evals_from_events(fake_redis, "nothing") == ([], None)
+
+
+@pytest.fixture
+def patched_connect(monkeypatch, fake_redis):
+    monkeypatch.setattr("common.connection.connect", lambda url=None, **kw: fake_redis)
+    return fake_redis
+
+
+def test_cli_curve_from_redis(patched_connect, tmp_path, capsys):
+    fill_stream(patched_connect)
+    patched_connect.hset(keys.commander("cp"), mapping={"stop_value": "195.0", "envstep": "500"})
+    out = tmp_path / "cp_curve.png"
+    assert rqrl_main(["curve", "--exp", "cp", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "3 evals" in text and "stop value 195" in text
+    check_png(out)
+
+
+def test_cli_curve_default_path(patched_connect, tmp_path, monkeypatch):
+    fill_stream(patched_connect)
+    monkeypatch.chdir(tmp_path)
+    assert curve.main(["--exp", "cp", "--stop-value", "100"]) == 0
+    check_png(tmp_path / "cp" / "curve.png")
+
+
+def test_cli_curve_without_evals(patched_connect, tmp_path, capsys):
+    assert curve.main(["--exp", "nothing", "--out", str(tmp_path / "x.png")]) == 1
+    assert "no finished eval events in rqrl:nothing:events" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_cli_curve_bad_exp_name(patched_connect, capsys):
+    assert curve.main(["--exp", "a:b"]) == 1
+    assert "exp_name" in capsys.readouterr().err
