@@ -320,6 +320,11 @@ class SoloCommander(BaseCommander):
 
     # ------------------------------------------------------------------ inspection
     @property
+    def evaluations(self) -> list[dict]:
+        """Finished eval tasks of the current run (finish info plus ``envstep`` and ``time``), oldest first."""
+        return list(self._evaluator_info)
+
+    @property
     def last_eval(self) -> Optional[dict]:
         return self._evaluator_info[-1] if self._evaluator_info else None
 

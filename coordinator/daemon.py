@@ -328,6 +328,7 @@ class Coordinator:
         # The learner's finish resets the commander's run state (as the seed); keep the figures.
         cm = self.commander
         last = cm.last_eval or {}
+        self._evals_at_stop = [dict(e) for e in getattr(cm, "evaluations", [])]
         self._at_stop = {"envstep": cm.total_envstep, "train_iter": cm.train_iter,
                          "last_eval_reward_mean": last.get("reward_mean", ""),
                          "last_eval_train_iter": last.get("train_iter", ""),
@@ -349,6 +350,7 @@ class Coordinator:
                                       **self._at_stop)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        curve = self._plot_curve()
         lines = [
             f"rqrl {self.exp}: {reason}",
             f"  wall time      {summary['wall_seconds']:.1f} s",
@@ -356,8 +358,22 @@ class Coordinator:
             f"  train iters    {summary['train_iter']}",
             f"  last eval      {summary['last_eval_reward_mean'] or 'none'} (stop_value {self.cfg.env.stop_value})",
             f"  final policy   {final or 'not saved'}",
+            f"  curve          {curve or 'no evaluations'}",
         ]
         print("\n".join(lines), flush=True)
+
+    def _plot_curve(self) -> Optional[Path]:
+        """``./{exp}/curve.png``: eval reward against env steps and wall time, with the stop_value line."""
+        if not self._evals_at_stop:
+            return None
+        from coordinator.curve import plot_curve
+
+        try:
+            return plot_curve(self._evals_at_stop, float(self.cfg.env.stop_value), self.out / "curve.png", t0=self._t0,
+                              title=f"{self.exp} ({self.cfg.env.env_id})")
+        except Exception as e:  # a plotting problem must not turn a converged run into a failure
+            self.log.warning("could not draw curve.png: %s", e)
+            return None
 
     def _cancel_queued(self) -> None:
         waiting = [t for t, e in self.running.items() if not e["started"]]
