@@ -66,6 +66,7 @@ class Chaos:
                 "--set", f"exp_name={self.exp}", "--set", f"env.stop_value={self.stop_value}",
                 "--set", f"commander.collector_task_space={self.n_collectors}",
                 "--set", "policy.collect.collector.task_env_steps=2000",
+                "--set", "policy.learn.learner.hook.save_ckpt_after_iter=100",
                 "--set", f"commander.max_wall_seconds={self.duration}"]
 
     def _worker(self, name: str, queue: str) -> None:
@@ -169,7 +170,7 @@ class Chaos:
         plan = ["collector"] * self.collector_kills + ["learner", "coordinator"]
         self.rng.shuffle(plan)
         try:
-            self._wait(lambda: self.train_iter() > 0, 90)
+            self._wait(lambda: self.train_iter() >= 200, 120)  # a checkpoint exists before any kill
             for step in plan:
                 # Let training progress a little between kills (bounded); no kills once the run stops.
                 target = self.train_iter() + 50
