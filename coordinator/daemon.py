@@ -85,6 +85,8 @@ class Coordinator:
         self._next_summary = 0.0
         self._failures_in_a_row = 0
         self._last_failure = ""
+        self._last_liveness = time.monotonic()
+        self._grace_until = 0.0
         self.resumed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -296,9 +298,19 @@ class Coordinator:
             self.commander.notify_fail_learner_task(entry["task"])
 
     def _check_liveness(self) -> None:
-        """Fail started tasks whose heartbeat expired, and queued ones whose RQ job died."""
+        """Fail started tasks whose heartbeat expired, and queued ones whose RQ job died.
+
+        After a stall of the coordinator's own loop (a Redis pause, a dropped connection), workers
+        get one heartbeat period to refresh before missing heartbeats count as deaths.
+        """
+        now = time.monotonic()
+        if now - self._last_liveness > 3.0:
+            self._grace_until = now + float(self.cfg.commander.heartbeat_timeout)
+            self.log.warning("coordinator loop stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
+                             now - self._last_liveness, self.cfg.commander.heartbeat_timeout)
+        self._last_liveness = now
         started = [t for t, e in self.running.items() if e["started"]]
-        if started:
+        if started and now >= self._grace_until:
             pipe = self.conn.pipeline(transaction=False)
             for t in started:
                 pipe.exists(keys.heartbeat(self.exp, t))

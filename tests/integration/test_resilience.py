@@ -1,0 +1,97 @@
+"""Redis blips and bad input while a real run trains: nothing crashes, the run still converges."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from common import keys, streams
+from common.connection import connect
+from common.embedded_redis import EmbeddedRedis
+from tests.conftest import REPO, worker_env
+
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+
+CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
+
+
+def _train(url: str, exp: str, cwd, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", url,
+                             "--set", f"exp_name={exp}", "--set", "commander.max_wall_seconds=150", *extra],
+                            cwd=cwd, env=worker_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(conn, exp: str, etype: str, timeout: float) -> None:
+    last = b"0"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for _, entries in conn.xread({keys.events(exp): last}, block=500) or []:
+            for eid, raw in entries:
+                last = eid
+                if streams.decode_fields(raw).get("type") == etype:
+                    return
+    raise AssertionError(f"no {etype} event within {timeout} s")
+
+
+def test_redis_pause_and_dropped_connections_are_survived(tmp_path, redis_server):
+    server = EmbeddedRedis().start()  # its own server: the test kills every client connection
+    try:
+        conn = connect(server.url)
+        exp = f"blip_{os.getpid()}"
+        p = _train(server.url, exp, tmp_path, "--set", "env.stop_value=250")
+        _wait_for(conn, exp, "learner_info", 90)
+        conn.execute_command("CLIENT", "PAUSE", "10000", "ALL")  # every client blocks for 10 s
+        time.sleep(11)
+        killed = conn.execute_command("CLIENT", "KILL", "TYPE", "normal") + \
+            conn.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        assert killed > 0
+        out, err = p.communicate(timeout=200)
+        assert p.returncode == 0, out + err[-3000:]
+        coord_log = (tmp_path / exp / "log" / "coordinator.log").read_text()
+        assert "Traceback" not in coord_log, coord_log[-3000:]
+        assert "heartbeat checks paused" in coord_log
+    finally:
+        server.stop()
+
+
+def test_redis_restarted_empty_is_reported_clearly(tmp_path):
+    server = EmbeddedRedis().start()
+    try:
+        exp = f"empty_{os.getpid()}"
+        p = _train(server.url, exp, tmp_path, "--set", "env.stop_value=100000")
+        conn = connect(server.url)
+        _wait_for(conn, exp, "learner_info", 90)
+        conn.flushall()  # what a restart without persistence looks like to clients
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 1, out + err[-3000:]
+        log = (tmp_path / exp / "log" / "coordinator.log").read_text()
+        assert "Redis lost the state of experiment" in log or "lost its consumer group" in log, log[-2000:]
+    finally:
+        server.stop()
+
+
+def test_unknown_env_id_fails_fast_naming_the_key(tmp_path, redis_server):
+    res = subprocess.run([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", redis_server.url,
+                          "--set", "env.env_id=NoSuchEnv-v9"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60, env=worker_env(redis_server.url))
+    assert res.returncode == 1
+    assert "env.env_id" in res.stderr and "NoSuchEnv-v9" in res.stderr
+
+
+def test_config_errors_name_the_key(tmp_path, redis_server):
+    bad = tmp_path / "bad.py"
+    bad.write_text("main_config = dict(exp_name='x', policy=dict(learn=dict(batch_sise=3)))\n")
+    res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", str(bad), "--redis-url", redis_server.url],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, env=worker_env(redis_server.url))
+    assert res.returncode == 1
+    assert "policy.learn.batch_sise" in res.stderr and "policy.learn.batch_size" in res.stderr
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("main_config = dict(\n")
+    res = subprocess.run([sys.executable, "-m", "coordinator", str(syntax), "--redis-url", redis_server.url],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, env=worker_env(redis_server.url))
+    assert res.returncode == 1 and "syntax error" in res.stderr and "syntax.py" in res.stderr
