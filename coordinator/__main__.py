@@ -15,10 +15,15 @@ def check_env_id(env_id: str) -> None:
     Raises:
         ConfigError: naming ``env.env_id`` and the id.
     """
+    import importlib
+
     import gymnasium
 
     try:
-        gymnasium.spec(env_id)
+        module, _, name = env_id.rpartition(":")
+        if module:  # gymnasium's "package.module:EnvName-v0" form registers on import
+            importlib.import_module(module)
+        gymnasium.spec(name)
     except Exception as e:  # gymnasium raises NameNotFound / NamespaceNotFound / VersionNotFound
         raise ConfigError(f"config key 'env.env_id': unknown gymnasium env {env_id!r} ({type(e).__name__}: {e})") from None
 

@@ -24,7 +24,7 @@ from common import events
 from common.policy import create_policy
 from common.policy.dqn import TRANSITION_FIELDS
 from workers.comm_collector import RedisCommCollector
-from workers.envs import check_finite, make_vector_env, true_next_obs
+from workers.envs import check_finite, make_vector_env, step, true_next_obs
 from workers.task import Heartbeat, is_stale, task_connection, validate_task
 
 
@@ -166,7 +166,7 @@ class Collector:
 
         while steps < budget and not self._comm.stop_flag:
             actions = self._policy.act(obs, eps, self._rng)
-            next_obs, reward, terminated, truncated, info = self._env.step(actions)
+            next_obs, reward, terminated, truncated, info = step(self._env, env_id, actions)
             done = terminated | truncated
             real_next = true_next_obs(next_obs, done, info)
             check_finite(env_id, real_next, reward)
@@ -199,7 +199,7 @@ class Collector:
             if self._comm.poll_stop() or time.time() > deadline:
                 break
             actions = self._policy.greedy(obs)
-            obs, reward, terminated, truncated, _ = self._env.step(actions)
+            obs, reward, terminated, truncated, _ = step(self._env, cfg.env.env_id, actions)
             check_finite(cfg.env.env_id, obs, reward)
             done = terminated | truncated
             counts = done_count < quota

@@ -31,6 +31,14 @@ def make_vector_env(env_id: str, num_envs: int, manager: str = "sync", env_kwarg
         raise EnvError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): {type(e).__name__}: {e}") from None
 
 
+def step(env: gym.vector.VectorEnv, env_id: str, actions: np.ndarray) -> tuple:
+    """``env.step(actions)``, with any exception re-raised as :class:`EnvError` naming ``env_id``."""
+    try:
+        return env.step(actions)
+    except Exception as e:
+        raise EnvError(f"env {env_id!r} raised during step: {type(e).__name__}: {e}") from e
+
+
 def true_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict[str, Any]) -> np.ndarray:
     """Replace reset observations of finished envs by their final observations (SAME_STEP mode)."""
     if not done.any():

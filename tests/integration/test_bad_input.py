@@ -1,0 +1,69 @@
+"""Bad input reaching workers: a clear error naming the env / task, and the rest keeps going."""
+
+from __future__ import annotations
+
+import pytest
+from rq import Queue
+from rq.job import Job
+
+from common import keys, streams
+from common.config import apply_overrides
+from coordinator.commander import SoloCommander
+from tests.integration.test_tasks_rq import _worker
+from workers.collector import run_collector_task
+from workers.envs import EnvError
+from workers.task import grant_lease
+
+pytestmark = pytest.mark.redis_server
+
+
+def _collector_task(conn, cfg, url):
+    commander = SoloCommander(cfg, run_id="run-bad")
+    conn.set(keys.run(cfg.exp_name), "run-bad")
+    commander.get_learner_task()
+    task = commander.get_collector_task()
+    grant_lease(conn, cfg.exp_name, task["task_id"], 600)
+    # Published weights, so the task does not wait for a learner.
+    from common.policy import create_policy
+    from workers.comm_learner import publish_policy
+
+    publish_policy(conn, cfg.exp_name, task["policy_id"],
+                   create_policy(cfg, enable_field=("learn",)).publishable_state(), 0, 10**9)
+    return dict(task, redis_url=url)
+
+
+@pytest.mark.parametrize("env_id,expected", [
+    ("tests.fixtures.bad_envs:NaNCartPole-v0", "non-finite value"),
+    ("tests.fixtures.bad_envs:RaisingCartPole-v0", "simulator crashed"),
+])
+def test_misbehaving_env_fails_the_task_with_a_clear_event(real_redis, redis_server, small_cfg, env_id, expected):
+    cfg = apply_overrides(small_cfg, [f"env.env_id={env_id}"])
+    task = _collector_task(real_redis, cfg, redis_server.url)
+    with pytest.raises(Exception) as err:
+        run_collector_task(task)
+    assert expected in str(err.value)
+    assert isinstance(err.value, EnvError) and env_id in str(err.value)
+    failed = [streams.decode_fields(f) for _, f in real_redis.xrange(keys.events(cfg.exp_name))]
+    failed = [e for e in failed if e["type"] == "failed"]
+    assert failed and failed[-1]["task_id"] == task["task_id"] and expected in failed[-1]["error"]
+
+
+def test_hand_enqueued_bad_tasks_fail_and_the_worker_keeps_serving(real_redis, redis_server, small_cfg, tmp_path):
+    conn, url = real_redis, redis_server.url
+    q = Queue(keys.COLLECTOR_QUEUE, connection=conn)
+    q.enqueue_call("workers.collector.run_collector_task", args=({"task_id": "t_missing", "exp_name": "x"},),
+                   job_id="t_missing", timeout=60)
+    q.enqueue_call("workers.collector.run_collector_task",
+                   args=({"task_id": "t_type", "task_type": "learner", "exp_name": "x"},), job_id="t_type", timeout=60)
+    q.enqueue_call("workers.collector.run_collector_task", args=("not a dict",), job_id="t_str", timeout=60)
+    good = _collector_task(conn, small_cfg, url)
+    q.enqueue_call("workers.collector.run_collector_task", args=(good,), job_id=good["task_id"], timeout=120)
+    w = _worker(url, keys.COLLECTOR_QUEUE, tmp_path)
+    out, _ = w.communicate(timeout=180)
+    assert w.returncode == 0, out
+    errors = {j: Job.fetch(j, connection=conn).latest_result().exc_string for j in ("t_missing", "t_type", "t_str")}
+    assert "t_missing: missing keys" in errors["t_missing"]
+    assert "task_type 'learner' sent to the collector job function" in errors["t_type"]
+    assert "collector task must be a dict" in errors["t_str"]
+    # The valid task queued after them still ran to completion.
+    assert Job.fetch(good["task_id"], connection=conn).get_status() == "finished"
