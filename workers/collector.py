@@ -116,15 +116,18 @@ class Collector:
         self._env = make_vector_env(cfg.env.env_id, env_num, cfg.env.manager.type, dict(cfg.env.env_kwargs))
         self._env_num = env_num
         self.train_iter = -1  # version of the weights held; set by the first policy fetch
+        self.policy_lags: list[float] = []  # seconds from each publication to its use
 
     def _refresh_policy(self) -> None:
         weights = self._comm.get_policy_update_info()
         if weights is not None:
             self._policy.load_weights(weights)
             self.train_iter = int(self._comm.policy_version)
+            # Publication -> acting with it (wall clocks of two hosts: skew adds to this figure).
+            self.policy_lags.append(max(0.0, time.time() - self._comm.policy_published_at))
 
     def run(self) -> dict[str, Any]:
-        """Run the task to its end; returns the finish info.
+        """Run the task to its end; returns the finish info (plus ``policy_lag_p50_ms`` / ``p95``).
 
         Raises:
             TimeoutError: no policy was published within ``collector.policy_wait_s`` seconds.
@@ -132,11 +135,17 @@ class Collector:
         self._comm.wait_for_policy(float(self._cfg.policy.collect.collector.policy_wait_s))
         self._refresh_policy()
         start = time.time()
+        self.ready_at = time.perf_counter()
         try:
             steps, stats = self._run_eval() if self._eval else self._run_train()
         finally:
             self._env.close()
-        return stats.finish_info(steps, time.time() - start, self.train_iter, self._eval)
+        info = stats.finish_info(steps, time.time() - start, self.train_iter, self._eval)
+        lags = self.policy_lags[1:]  # the first fetch measures how old the policy was at task start
+        if lags:
+            info["policy_lag_p50_ms"] = round(float(np.percentile(lags, 50)) * 1000, 2)
+            info["policy_lag_p95_ms"] = round(float(np.percentile(lags, 95)) * 1000, 2)
+        return info
 
     def _run_train(self) -> tuple[int, EpisodeStats]:
         cfg = self._cfg
@@ -222,6 +231,7 @@ def run_collector_task(task: dict) -> dict[str, Any]:
         workers.task.TaskError: a malformed task. Any error is also reported as a ``failed``
         event naming the task, then re-raised so RQ marks the job failed.
     """
+    t_entry = time.perf_counter()
     cfg = validate_task(task, "collector")
     conn = task_connection(task)
     exp, task_id = task["exp_name"], task["task_id"]
@@ -232,9 +242,12 @@ def run_collector_task(task: dict) -> dict[str, Any]:
         with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
             comm.deal_with_collector_start()
             try:
-                info = Collector(cfg, task, comm).run()
+                collector = Collector(cfg, task, comm)
+                info = collector.run()
             finally:
                 comm.close()
+            # Task start-up: config, env build, policy wait and first fetch (seconds).
+            info["setup_s"] = round(collector.ready_at - t_entry, 4)
             info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
             comm.deal_with_collector_close(info)
         return info

@@ -55,6 +55,7 @@ class RedisCommCollector:
         self.policy_version: int | None = None
         self.stop_flag = False
         self.limiter_wait_s = 0.0  # seconds spent waiting for the learner (replay-ratio limiter)
+        self.policy_published_at = 0.0  # unix seconds the held policy version was published
 
     # -- the seed's interface -------------------------------------------------------------
     def deal_with_resource(self) -> dict[str, int]:
@@ -124,6 +125,7 @@ class RedisCommCollector:
             return None
         weights = serialization.loads(payload, what=self._policy_key)
         self.policy_version = version
+        self.policy_published_at = float(meta.get("ts", 0.0))
         return weights
 
     # -- batching -------------------------------------------------------------------------
