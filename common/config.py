@@ -126,8 +126,8 @@ _OPEN_KEYS = frozenset({"env.env_kwargs"})
 def compile_config(main_config: dict, create_config: dict | None = None) -> EasyDict:
     """Merge a user's ``main_config`` / ``create_config`` over the defaults.
 
-    The policy section's defaults come from the registered policy class named by
-    ``create_config.policy.type`` (``dqn`` unless given).
+    The policy section's defaults come from the torch-free half of the policy named by
+    ``create_config.policy.type`` (``dqn`` unless given; see ``COMMAND_REGISTRY``).
 
     Returns:
         The full config as an EasyDict, with ``cfg.create`` holding the resolved create_config.
@@ -135,12 +135,12 @@ def compile_config(main_config: dict, create_config: dict | None = None) -> Easy
     Raises:
         ConfigError: unknown keys, wrong types, or an unknown policy type.
     """
-    from common.registry import POLICY_REGISTRY, import_names
+    from common.registry import COMMAND_REGISTRY, import_names
 
     create = merge_strict(_CREATE_DEFAULTS, create_config or {}, "create_config")
     import_names(create["policy"]["import_names"])
     try:
-        policy_cls = POLICY_REGISTRY.get(create["policy"]["type"])
+        policy_cls = COMMAND_REGISTRY.get(create["policy"]["type"])
     except KeyError as e:
         raise ConfigError(f"create_config.policy.type: {e.args[0]}") from None
     base = copy.deepcopy(SYSTEM_DEFAULTS)

@@ -51,9 +51,12 @@ class Registry:
         importlib.import_module(_BUILTINS[self.kind])
 
 
-_BUILTINS = {"policy": "common.policy", "learner": "workers.learner", "commander": "coordinator.commander"}
+_BUILTINS = {"policy": "common.policy.dqn", "command mode": "common.policy.dqn_command",
+             "learner": "workers.learner", "commander": "coordinator.commander"}
 
 POLICY_REGISTRY = Registry("policy")
+# A policy's torch-free half: default config and command mode (see common/policy/dqn_command.py).
+COMMAND_REGISTRY = Registry("command mode")
 LEARNER_REGISTRY = Registry("learner")
 COMMANDER_REGISTRY = Registry("commander")
 

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import redis
-import torch
 from easydict import EasyDict
 from rq import Queue
 from rq.job import Callback, Job, JobStatus
@@ -398,15 +397,24 @@ class Coordinator:
                 self.commander.notify_fail_collector_task(entry["task"])
 
     def _export_final(self) -> Optional[Path]:
-        """Write ``final.pt``: the model's state_dict, from checkpoint ``final``, else the latest policy."""
-        state = None
-        for name in ("final", "latest"):
-            got = blobstore.get_versioned(self.conn, keys.ckpt(self.exp, name))
-            if got is not None:
-                ckpt = torch.load(io.BytesIO(got[1]), map_location="cpu", weights_only=True)
-                state = ckpt["policy"]["model"]
-                break
-        if state is None:
+        """Write ``final.pt``: the network's state_dict (``torch.load(..., weights_only=True)``).
+
+        The learner's ``final_model`` checkpoint is copied byte for byte (no torch import here);
+        if the learner never finished, the ``latest`` checkpoint or the last published policy is
+        converted instead.
+        """
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / "final.pt"
+        got = blobstore.get_versioned(self.conn, keys.ckpt(self.exp, "final_model"))
+        if got is not None:
+            path.write_bytes(got[1])
+            return path
+        import torch
+
+        got = blobstore.get_versioned(self.conn, keys.ckpt(self.exp, "latest"))
+        if got is not None:
+            state = torch.load(io.BytesIO(got[1]), map_location="cpu", weights_only=True)["policy"]["model"]
+        else:
             policy_id = self._at_stop.get("policy_id", "")
             got = blobstore.get_versioned(self.conn, keys.policy(self.exp, policy_id)) if policy_id else None
             if got is None:
@@ -414,7 +422,6 @@ class Coordinator:
                 return None
             arrays = serialization.loads(got[1], what=keys.policy(self.exp, policy_id))
             state = {k: torch.from_numpy(v) for k, v in arrays.items()}
-        self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / "final.pt"
+        self.log.warning("the learner left no final checkpoint; final.pt comes from the latest weights")
         torch.save(state, path)
         return path

@@ -177,7 +177,11 @@ class BaseLearner:
                 "collector_envstep": self._collector_envstep}
 
     def save_checkpoint_now(self, name: str) -> None:
+        """Save checkpoint ``name``; ``final`` also saves ``final_model`` (the network's state_dict only,
+        which the coordinator copies to ``final.pt`` without importing torch)."""
         self._ckpt_store.save(name, self.checkpoint_state(), self._last_iter)
+        if name == "final":
+            self._ckpt_store.save("final_model", self._policy.state_dict()["model"], self._last_iter)
 
     def save_checkpoint(self, ckpt_name: Optional[str] = None) -> None:
         """Run the ``save_ckpt_after_run`` hook now (as the seed); ``ckpt_name`` overrides ``final``.

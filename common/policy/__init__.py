@@ -19,6 +19,5 @@ The loop each mode serves::
 """
 
 from common.policy.base import Policy, create_policy
-from common.policy import dqn  # noqa: F401  (registers "dqn")
 
 __all__ = ["Policy", "create_policy"]

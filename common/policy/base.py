@@ -65,12 +65,16 @@ class Policy(ABC):
 def create_policy(cfg: EasyDict, enable_field: tuple[str, ...] = ("learn", "collect", "eval", "command"), **kwargs: Any) -> Policy:
     """Build the policy named by ``cfg.create.policy.type`` (default ``dqn``) from the full config.
 
+    ``enable_field=("command",)`` returns the torch-free command mode from ``COMMAND_REGISTRY``.
+
     Raises:
         KeyError: unknown policy type (names it and lists the known ones).
     """
-    from common.registry import POLICY_REGISTRY, import_names
+    from common.registry import COMMAND_REGISTRY, POLICY_REGISTRY, import_names
 
     create = cfg.get("create") or {}
     ptype = create.get("policy", {}).get("type", "dqn")
     import_names(create.get("policy", {}).get("import_names", []))
+    if tuple(enable_field) == ("command",):
+        return COMMAND_REGISTRY.build(ptype, cfg.policy)  # no network, no torch import
     return POLICY_REGISTRY.build(ptype, cfg.policy, enable_field=enable_field, **kwargs)
