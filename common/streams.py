@@ -42,17 +42,22 @@ def encode_fields(fields: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+_NUMERIC_START = frozenset("0123456789-+.")
+
+
 def _decode_value(raw: bytes) -> Any:
     s = raw.decode()
     if s == "true":
         return True
     if s == "false":
         return False
-    for cast in (int, float):
-        try:
-            return cast(s)
-        except ValueError:
-            pass
+    # Only text that can be a number pays for int()/float() (the coordinator's hot path).
+    if s and (s[0] in _NUMERIC_START or s in ("nan", "inf")):
+        for cast in (int, float):
+            try:
+                return cast(s)
+            except ValueError:
+                pass
     return s
 
 

@@ -84,6 +84,8 @@ class Coordinator:
         self._next_summary = 0.0
         self._failures_in_a_row = 0
         self._last_failure = ""
+        self._dirty: set[str] = set()  # task ids whose record changed since the last _persist
+        self._drop_leases: list[str] = []  # leases to delete with the next _persist
         self._last_liveness = time.monotonic()
         self._grace_until = 0.0
         self.resumed = False
@@ -138,13 +140,21 @@ class Coordinator:
                 break
 
     def _persist(self, pipe: redis.client.Pipeline) -> redis.client.Pipeline:
-        """Queue the commander state and running tasks on ``pipe`` (a MULTI pipeline)."""
+        """Queue the commander state and the running tasks changed since the last call on ``pipe``
+        (a MULTI pipeline); only changed task records are rewritten."""
         state = {"commander": self.commander.state_dict(), "run_id": self.run_id, "t0": self._t0,
                  "failures_in_a_row": self._failures_in_a_row}
         pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
-        pipe.delete(keys.tasks(self.exp))
-        if self.running:
-            pipe.hset(keys.tasks(self.exp), mapping={t: json.dumps(e) for t, e in self.running.items()})
+        changed = {t: json.dumps(self.running[t]) for t in self._dirty if t in self.running}
+        gone = [t for t in self._dirty if t not in self.running]
+        if changed:
+            pipe.hset(keys.tasks(self.exp), mapping=changed)
+        if gone:
+            pipe.hdel(keys.tasks(self.exp), *gone)
+        if self._drop_leases:
+            pipe.delete(*self._drop_leases)
+        self._dirty.clear()
+        self._drop_leases.clear()
         return pipe
 
     def _keep_alive(self) -> None:
@@ -220,6 +230,7 @@ class Coordinator:
         c = self.cfg.commander
         timeout = int(c.learner_job_timeout if kind == "learner" else c.collector_job_timeout)
         self.running[task["task_id"]] = {"task": task, "kind": kind, "started": False, "enqueued": time.time()}
+        self._dirty.add(task["task_id"])
         # Job, lease and the coordinator's state change together or not at all.
         pipe = self.conn.pipeline(transaction=True)
         self.queues[kind].enqueue_call(
@@ -238,7 +249,7 @@ class Coordinator:
     def _process_events(self, block_ms: int) -> bool:
         stream = keys.events(self.exp)
         try:
-            entries = streams.read_group(self.conn, stream, keys.COORDINATOR_GROUP, self.name, 256, block_ms)
+            entries = streams.read_group(self.conn, stream, keys.COORDINATOR_GROUP, self.name, 1000, block_ms)
         except redis.ResponseError as e:
             if "NOGROUP" in str(e):
                 raise CoordinatorError(f"{stream} lost its consumer group: was Redis restarted without persistence "
@@ -269,11 +280,13 @@ class Coordinator:
             return False  # a task of an earlier run, or one already declared dead
         if etype == "started":
             entry["started"] = True
+            self._dirty.add(tid)
         elif etype == "learner_info":
             self.commander.update_learner_info(tid, ev)
         elif etype == "finished":
             del self.running[tid]
-            self.conn.delete(keys.lease(self.exp, tid))
+            self._dirty.add(tid)
+            self._drop_leases.append(keys.lease(self.exp, tid))
             self._failures_in_a_row = 0
             if kind == "collector":
                 return self.commander.finish_collector_task(tid, ev)
@@ -285,8 +298,9 @@ class Coordinator:
 
     def _fail(self, tid: str, reason: str) -> None:
         entry = self.running.pop(tid)
-        # Revoke first: if the task is a zombie (alive but cut off), it can no longer write.
-        self.conn.delete(keys.lease(self.exp, tid))
+        self._dirty.add(tid)
+        # Revoked in the same transaction as the state change: a zombie task can no longer write.
+        self._drop_leases.append(keys.lease(self.exp, tid))
         self._failures_in_a_row += 1
         self._last_failure = f"{entry['kind']} task {tid}: {reason}"
         self.log.warning("%s task %s failed: %s; its space is freed and a replacement will be issued",
@@ -393,8 +407,11 @@ class Coordinator:
                 job.cancel()
         for t in waiting:
             entry = self.running.pop(t)
+            self._dirty.add(t)
+            self._drop_leases.append(keys.lease(self.exp, t))
             if entry["kind"] == "collector":
                 self.commander.notify_fail_collector_task(entry["task"])
+        self._persist(self.conn.pipeline(transaction=True)).execute()
 
     def _export_final(self) -> Optional[Path]:
         """Write ``final.pt``: the network's state_dict (``torch.load(..., weights_only=True)``).

@@ -1,0 +1,173 @@
+"""Coordinator scale: one real coordinator and one Redis against simulated collectors.
+
+    python -m tests.bench.bench_coordinator [--sims 8 64 256] [--seconds 10] [--burst 50000]
+
+Each simulated collector is a thread with its own connection: it pops a task from
+``rq:queue:collector`` (BLPOP), sets the task's heartbeat, reports ``started``, "works" for
+``--task-seconds``, reports ``finished`` with a full finish info, and pops again. A simulated
+learner reports ``learner_info`` 20 times a second. Figures:
+
+* dispatch latency: from a simulated collector's ``finished`` XADD to the replacement task
+  popped from the queue by that (then only idle) collector — p50 / p99, milliseconds;
+* steady events/s handled by the coordinator, and Redis CPU share (``INFO cpu`` delta / wall);
+* burst events/s: ``--burst`` learner_info events XADDed at once, and the time until the
+  coordinator's consumer group has read and acked them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import events, keys
+from common.connection import connect
+from common.embedded_redis import EmbeddedRedis
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
+EXP = "bench_coord"
+
+
+def _finish_info(i: int) -> dict:
+    return {"real_episode_count": 40, "step_count": 1000, "avg_time_per_episode": 0.1, "avg_step_per_episode": 25.0,
+            "avg_time_per_step": 0.0004, "reward_mean": 25.0, "reward_std": 5.0, "train_iter": i, "eval_flag": False,
+            "duration": 1.0, "buffer_id": "sim"}
+
+
+def _cpu(conn) -> float:
+    info = conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int) -> dict:
+    server = EmbeddedRedis().start()
+    url = server.url
+    conn = connect(url)
+    workdir = tempfile.mkdtemp(prefix="rqrl-bench-coord-")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    coord = subprocess.Popen([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url,
+                              "--set", f"exp_name={EXP}", "--set", f"commander.collector_task_space={n_sims}",
+                              "--set", "commander.eval_interval=0.0", "--set", "commander.eval_every_train_iter=0",
+                              "--set", "commander.heartbeat_timeout=60.0", "--set", "env.stop_value=1e9",
+                              "--set", f"commander.max_wall_seconds={seconds + 120}"],
+                             cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop = threading.Event()
+    latencies: list[float] = []
+    counts = {"events": 0}
+    lock = threading.Lock()
+
+    def learner() -> None:
+        c = connect(url)
+        _, job = c.blpop([f"rq:queue:{keys.LEARNER_QUEUE}"], timeout=60)
+        tid = job.decode()
+        c.set(keys.heartbeat(EXP, tid), "sim", px=600_000)
+        events.emit(c, EXP, "started", tid, "learner")
+        it = 0
+        while not stop.wait(0.05):
+            it += 10
+            events.emit(c, EXP, "learner_info", tid, "learner", learner_step=it, collector_envstep=it * 2)
+            with lock:
+                counts["events"] += 1
+
+    def collector() -> None:
+        c = connect(url)
+        finished_at = None
+        while not stop.is_set():
+            got = c.blpop([f"rq:queue:{keys.COLLECTOR_QUEUE}"], timeout=1)
+            if got is None:
+                continue
+            if finished_at is not None:
+                with lock:
+                    latencies.append(time.perf_counter() - finished_at)
+            tid = got[1].decode()
+            pipe = c.pipeline(transaction=False)
+            pipe.set(keys.heartbeat(EXP, tid), "sim", px=600_000)
+            pipe.execute()
+            events.emit(c, EXP, "started", tid, "collector")
+            if stop.wait(task_seconds):
+                return
+            finished_at = time.perf_counter()
+            events.emit(c, EXP, "finished", tid, "collector", **_finish_info(0))
+            with lock:
+                counts["events"] += 2
+
+    threads = [threading.Thread(target=learner, daemon=True)] + \
+              [threading.Thread(target=collector, daemon=True) for _ in range(n_sims)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(3 + task_seconds)  # coordinator start-up and the first wave
+        with lock:
+            latencies.clear()
+            e0 = counts["events"]
+        cpu0, t0 = _cpu(conn), time.perf_counter()
+        time.sleep(seconds)
+        wall = time.perf_counter() - t0
+        with lock:
+            steady = (counts["events"] - e0) / wall
+            lat = sorted(latencies)
+        redis_cpu = (_cpu(conn) - cpu0) / wall
+        stop.set()
+        # Burst: learner_info events far faster than any real learner sends them.
+        tid = next((k.decode() for k in conn.hkeys(keys.tasks(EXP)) if k.startswith(b"learner")), "learner_task_x")
+        stream = keys.events(EXP)
+        pipe = conn.pipeline(transaction=False)
+        for i in range(burst):
+            pipe.xadd(stream, {"type": "learner_info", "task_id": tid, "task_type": "learner", "ts": "0",
+                               "learner_step": str(i), "collector_envstep": str(i)})
+        tb = time.perf_counter()
+        pipe.execute()
+        last = conn.xrevrange(stream, count=1)[0][0]
+        while True:
+            g = next(g for g in conn.xinfo_groups(stream) if g["name"] == keys.COORDINATOR_GROUP.encode())
+            if g["last-delivered-id"] >= last and g["pending"] == 0:
+                break
+            if time.perf_counter() - tb > 120:
+                break
+            time.sleep(0.01)
+        burst_rate = burst / (time.perf_counter() - tb)
+    finally:
+        stop.set()
+        coord.terminate()
+        try:
+            coord.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            coord.kill()
+        server.stop()
+
+    def pct(p: float) -> float | None:
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None
+
+    return {"sims": n_sims, "steady_events_per_s": round(steady, 1), "dispatches": len(lat),
+            "dispatch_p50_ms": pct(0.5), "dispatch_p99_ms": pct(0.99), "redis_cpu_share": round(redis_cpu, 3),
+            "burst_events_per_s": round(burst_rate)}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--task-seconds", type=float, default=1.0)
+    ap.add_argument("--burst", type=int, default=50_000)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    rows = []
+    for n in args.sims:
+        r = run_scale(n, args.seconds, args.task_seconds, args.burst)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
