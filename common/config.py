@@ -42,6 +42,9 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
     commander=dict(
         collector_task_space=2,
         learner_task_space=1,
+        # 1: an eval task has its own slot (start one collector worker more than collector_task_space);
+        # 0: evals share collector space, as the seed's commander.
+        eval_task_space=1,
         # Evaluate when any of these passes since the last eval (0 disables that trigger).
         eval_interval=60.0,  # seconds, as the seed's SoloCommander
         eval_every_train_iter=200,

@@ -94,10 +94,10 @@ class EmbeddedRedis:
             try:
                 client.ping()
                 break
-            except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError):
+            except (redis.AuthenticationError, redis.AuthenticationWrongNumberOfArgsError, redis.ResponseError):
+                break  # it answered (NOAUTH / WRONGPASS: the caller configured users): it is up
+            except (redis.ConnectionError, redis.TimeoutError):
                 pass
-            except redis.ResponseError:  # e.g. NOAUTH when the caller sets an ACL user
-                break
             if time.monotonic() > deadline:
                 self.stop()
                 raise EmbeddedRedisError(f"redis-server on port {self.port} did not answer within {self.startup_timeout_s} s")

@@ -16,7 +16,8 @@ The loop a commander serves (driven by coordinator/daemon.py)::
 
 * ``finish_collector_task`` no longer swaps ``avg_time_per_episode`` and ``avg_step_per_episode``;
 * evaluation triggers on train iterations and env steps as well as wall time, at most one eval
-  task runs at a time, and no eval runs before the learner has trained once;
+  task runs at a time, no eval runs before the learner has trained once, and an eval takes its
+  own slot (``eval_task_space``) instead of waiting for a training task to free collector space;
 * a failed learner task keeps its ``buffer_id`` / ``policy_id`` so its replacement resumes from
   the latest checkpoint instead of stranding the collectors; failed tasks are replaced simply
   because their space is released (the daemon asks for new tasks every loop);
@@ -119,6 +120,7 @@ class SoloCommander(BaseCommander):
         self._current_policy_id: Optional[str] = None
         self._resume_learner = False
         self._eval_in_flight: Optional[str] = None
+        self._eval_own_slot = False  # the eval in flight holds the eval slot, not collector space
         self._last_eval = {"time": self._clock(), "train_iter": 0, "envstep": 0}
         self._policy = create_policy(cfg, enable_field=("command",)).command_mode
         self._tb_logger = tb_logger
@@ -150,16 +152,21 @@ class SoloCommander(BaseCommander):
         return int(self._cfg.seed) * 100_003 + self._seed_counter
 
     def get_collector_task(self) -> Optional[dict]:
-        """A collector or eval task when collector space is free and a learner exists, else None."""
-        if self._end_flag or not self._collector_task_space.acquire_space():
+        """A collector or eval task when space is free and a learner exists, else None.
+
+        An eval task takes the separate eval slot (``commander.eval_task_space`` > 0) instead of
+        collector space, so evaluation never waits for a training task to finish.
+        """
+        if self._end_flag or self._current_buffer_id is None or self._current_policy_id is None:
             return None
-        if self._current_buffer_id is None or self._current_policy_id is None:
-            self._collector_task_space.release_space()
+        eval_flag = self._eval_due()
+        own_slot = eval_flag and self._commander_cfg.eval_task_space > 0
+        if not own_slot and not self._collector_task_space.acquire_space():
             return None
         task_id = new_task_id("collector")
-        eval_flag = self._eval_due()
         if eval_flag:
             self._eval_in_flight = task_id
+            self._eval_own_slot = own_slot
             self._last_eval = {"time": self._clock(), "train_iter": self.train_iter, "envstep": self.total_envstep}
         info = dict(self._learner_info[-1], envstep=self.total_envstep)
         return {
@@ -208,7 +215,7 @@ class SoloCommander(BaseCommander):
         Returns:
             True when an eval's ``reward_mean >= env.stop_value``: the run is over.
         """
-        self._collector_task_space.release_space()
+        self._release_collector_slot(task_id)
         is_eval = bool(finished_task["eval_flag"])
         kind = "evaluator" if is_eval else "collector"
         train_iter = int(finished_task["train_iter"])
@@ -234,8 +241,6 @@ class SoloCommander(BaseCommander):
                 self._tb_logger.add_scalar(f"{kind}_iter/{k}", v, train_iter)
                 self._tb_logger.add_scalar(f"{kind}_step/{k}", v, self.total_envstep)
         if is_eval:
-            if self._eval_in_flight == task_id:
-                self._eval_in_flight = None
             record = dict(finished_task, envstep=self.total_envstep, time=self._clock())
             self._evaluator_info.append(record)
             stop_value = self._cfg.env.stop_value
@@ -246,6 +251,14 @@ class SoloCommander(BaseCommander):
                 self._end_flag = True
                 return True
         return False
+
+    def _release_collector_slot(self, task_id: str) -> None:
+        if self._eval_in_flight == task_id:
+            self._eval_in_flight = None
+            if self._eval_own_slot:
+                self._eval_own_slot = False
+                return
+        self._collector_task_space.release_space()
 
     def finish_learner_task(self, task_id: str, finished_task: dict) -> str:
         """Release learner space and reset the run's ids and history (as the seed); returns buffer_id."""
@@ -261,9 +274,7 @@ class SoloCommander(BaseCommander):
 
     def notify_fail_collector_task(self, task: dict) -> None:
         """Release the failed collector task's space; the daemon's next loop issues a replacement."""
-        self._collector_task_space.release_space()
-        if self._eval_in_flight == task.get("task_id"):
-            self._eval_in_flight = None
+        self._release_collector_slot(task.get("task_id", ""))
 
     def notify_fail_learner_task(self, task: dict) -> None:
         """Release learner space; the replacement resumes on the same policy_id / buffer_id."""
@@ -295,6 +306,7 @@ class SoloCommander(BaseCommander):
             "current_policy_id": self._current_policy_id,
             "resume_learner": self._resume_learner,
             "eval_in_flight": self._eval_in_flight,
+            "eval_own_slot": self._eval_own_slot,
             "last_eval": self._last_eval,
             "end_flag": self._end_flag,
             "seed_counter": self._seed_counter,
@@ -313,6 +325,7 @@ class SoloCommander(BaseCommander):
         self._current_policy_id = state["current_policy_id"]
         self._resume_learner = bool(state["resume_learner"])
         self._eval_in_flight = state["eval_in_flight"]
+        self._eval_own_slot = bool(state.get("eval_own_slot", False))
         self._last_eval = dict(state["last_eval"])
         self._end_flag = bool(state["end_flag"])
         self._seed_counter = int(state["seed_counter"])

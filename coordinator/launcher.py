@@ -74,7 +74,8 @@ class Launcher:
         cfg: the compiled config (used for exp_name and stop_value; the coordinator reloads the file).
         config_path: the config file handed to the coordinator.
         redis_url: an existing Redis, or None for a private one.
-        collectors: number of ``rq worker collector`` processes.
+        collectors: number of collector tasks at once; one more ``rq worker collector`` is started
+            for evaluation when ``commander.eval_task_space`` > 0.
         coordinator_args: extra arguments for ``python -m coordinator`` (``--seed``, ``--set``).
     """
 
@@ -132,7 +133,8 @@ class Launcher:
         stamp = f"{os.getpid()}"
         self._spawn("learner", [*rq, "worker", keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
                                 "--name", f"{self.cfg.exp_name}-learner-{stamp}"], env)
-        for i in range(self.collectors):
+        # One worker more than collector tasks: an eval task then starts at once in its own slot.
+        for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
             self._spawn(f"collector{i}", [*rq, "worker", keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
                                           "--name", f"{self.cfg.exp_name}-collector{i}-{stamp}"], env)
         print(f"logs in {self.log_dir}/ ; watch with: rqrl status --redis-url {redact(url)}", file=sys.stderr)

@@ -27,11 +27,11 @@ DQN_CONFIG: dict[str, Any] = dict(
         # Replay-ratio limiter: at most this many train iterations per env step received.
         train_iter_per_env_step=0.5,
         # ... and collectors wait once they are this many env steps ahead of that ratio.
-        max_env_step_lead=1024,
+        max_env_step_lead=256,
         learner=dict(
             train_iterations=1_000_000_000,
             log_policy=True,
-            send_policy_freq=1,  # publish weights every N train iterations
+            send_policy_freq=4,  # publish weights every N train iterations
             send_info_freq=20,  # learner info event every N train iterations
             hook=dict(
                 load_ckpt_before_run="",  # checkpoint name in Redis ("latest", ...); "" = none
