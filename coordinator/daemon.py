@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -361,6 +362,10 @@ class Coordinator:
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
         self.conn.set(keys.stop(self.exp), reason)
         self._cancel_queued()
+        # Importing matplotlib and drawing take a second or two: overlap them with the wait below.
+        curve: dict[str, Optional[Path]] = {}
+        plotter = threading.Thread(target=lambda: curve.update(path=self._plot_curve()), daemon=True)
+        plotter.start()
         timeout = float(self.cfg.commander.finish_timeout)
         if code == EXIT_INTERRUPTED:
             timeout = min(timeout, 10.0)
@@ -375,7 +380,7 @@ class Coordinator:
                                       **self._at_stop)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        curve = self._plot_curve()
+        plotter.join(timeout=60)
         lines = [
             f"rqrl {self.exp}: {reason}",
             f"  wall time      {summary['wall_seconds']:.1f} s",
@@ -383,7 +388,7 @@ class Coordinator:
             f"  train iters    {summary['train_iter']}",
             f"  last eval      {summary['last_eval_reward_mean'] or 'none'} (stop_value {self.cfg.env.stop_value})",
             f"  final policy   {final or 'not saved'}",
-            f"  curve          {curve or 'no evaluations'}",
+            f"  curve          {curve.get('path') or 'no evaluations'}",
         ]
         print("\n".join(lines), flush=True)
 

@@ -147,7 +147,17 @@ class Launcher:
         t0 = time.time()
         coord = self.children["coordinator"]
         warned: set[str] = set()
+        workers_told = False
         while coord.poll() is None:
+            if not workers_told and conn.exists(keys.stop(self.cfg.exp_name)):
+                # The run is ending: ask each rq worker for a warm shutdown now (it finishes its
+                # current job, e.g. the learner's final checkpoint, then exits), overlapping the
+                # teardown with the coordinator's wrap-up. The parent only: a signal to the
+                # work-horse would cut its job short.
+                workers_told = True
+                for name, proc in self.children.items():
+                    if name != "coordinator" and proc.poll() is None:
+                        proc.send_signal(signal.SIGTERM)
             try:
                 reply = conn.xread({stream: last_id}, count=500, block=500)
             except redis.RedisError as e:
@@ -168,9 +178,10 @@ class Launcher:
         progress.show(final=True)
         code = coord.returncode
         tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
-        summary = [ln for ln in tail if ln.startswith(("rqrl ", "  "))][-6:]
-        if summary:
-            print("\n".join(summary))
+        heads = [i for i, ln in enumerate(tail) if ln.startswith(f"rqrl {self.cfg.exp_name}:")]
+        if heads:  # the coordinator's closing summary block
+            block = [tail[heads[-1]]] + [ln for ln in tail[heads[-1] + 1:] if ln.startswith("  ")]
+            print("\n".join(block))
         return code
 
     def _teardown(self) -> None:

@@ -10,6 +10,9 @@ parent imports them once and every forked horse inherits them::
 from __future__ import annotations
 
 import gymnasium  # noqa: F401  (pre-import for forked work-horses)
+import gymnasium.envs.classic_control  # noqa: F401
+import tensorboard.compat.proto.event_pb2  # noqa: F401  (the learner's TensorBoard writer)
+import tensorboard.summary.writer.event_file_writer  # noqa: F401
 import torch  # noqa: F401
 from rq.worker import Worker
 

@@ -37,8 +37,10 @@ def _orphans(marker: str) -> list[str]:
 
 def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     exp = f"e2e_{os.getpid()}"
+    # Short collector tasks, so some finish (and log collector scalars) before convergence.
     res = _rqrl("train", CONFIG, "--set", f"exp_name={exp}", "--set", "env.stop_value=150", "--seed", "1",
-                "--set", "commander.max_wall_seconds=150", cwd=tmp_path)
+                "--set", "commander.max_wall_seconds=150", "--set", "policy.collect.collector.task_env_steps=200",
+                cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert "converged" in res.stdout
     out = tmp_path / exp
@@ -46,7 +48,17 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     assert summary["exit_code"] == 0 and summary["last_eval_reward_mean"] >= 150
     state = torch.load(out / "final.pt", weights_only=True)
     assert "encoder.0.weight" in state
-    assert (out / "log" / "learner").is_dir() and any((out / "log" / "learner").glob("events.out.tfevents*"))
+    assert (out / "curve.png").stat().st_size > 1000
+    # TensorBoard: the seed's scalar names, read back from the event files.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    commander_tb = EventAccumulator(str(out / "log" / "commander")).Reload().Tags()["scalars"]
+    for tag in ("collector_iter/reward_mean", "collector_step/avg_step_per_episode", "evaluator_iter/reward_mean",
+                "evaluator_step/reward_mean", "collector_iter/avg_time_per_episode"):
+        assert tag in commander_tb, (tag, commander_tb)
+    learner_acc = EventAccumulator(str(out / "log" / "learner")).Reload()
+    assert {"learner_iter/total_loss", "learner_step/q_value", "learner_iter/cur_lr"} <= set(learner_acc.Tags()["scalars"])
+    assert learner_acc.Scalars("learner_iter/total_loss")[-1].step > 0
     time.sleep(0.5)
     assert _orphans(exp) == [], "child processes outlived rqrl train"
 

@@ -56,7 +56,7 @@ def test_deep_merge_keeps_sibling_defaults():
     assert cfg.policy.learn.learning_rate == 1e-3  # sibling untouched
     assert cfg.policy.learn.learner.hook.log_show_after_iter == 5
     assert cfg.policy.learn.learner.hook.save_ckpt_after_iter == 500
-    assert cfg.policy.learn.learner.send_policy_freq == 1
+    assert cfg.policy.learn.learner.send_policy_freq == DQNPolicy.config["learn"]["learner"]["send_policy_freq"]
     assert cfg.policy.model.hidden_size_list == [128, 128]
 
 

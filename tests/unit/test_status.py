@@ -1,0 +1,62 @@
+"""``rqrl status`` reads only Redis: queues, live workers, experiments, throughput, last eval."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rq import Queue
+
+from common import events, keys, streams
+from coordinator.status import collect_status, render
+
+
+def _seed(conn):
+    conn.sadd(keys.experiments(), "exp_a")
+    conn.hset(keys.commander("exp_a"), mapping=streams.encode_fields({
+        "envstep": 12000, "train_iter": 3400, "last_eval_reward_mean": 187.5, "stop_value": 195.0,
+        "converged": False, "wall_seconds": 42.0}))
+    conn.set(keys.coordinator_alive("exp_a"), "coordinator-host-1", px=5000)
+    conn.set(keys.heartbeat("exp_a", "collector_task_1"), "w", px=4000)
+    now = time.time()
+    # Two learner reports 10 s apart: 5,000 env steps and 1,000 iterations in between.
+    for ts, it, env in ((now - 10, 1000, 5000), (now, 2000, 10000)):
+        conn.xadd(keys.events("exp_a"), streams.encode_fields({
+            "type": "learner_info", "task_id": "learner_task_1", "task_type": "learner", "ts": ts,
+            "learner_step": it, "collector_envstep": env}), id=f"{int(ts * 1000)}-0")
+
+
+def test_collect_status_reports_everything_from_redis(fake_redis):
+    _seed(fake_redis)
+    Queue(keys.COLLECTOR_QUEUE, connection=fake_redis).enqueue_call("builtins.len", args=([1],))
+    st = collect_status(fake_redis)
+    assert st["queues"]["collector"]["queued"] == 1 and st["queues"]["learner"]["queued"] == 0
+    exp = st["experiments"]["exp_a"]
+    assert exp["summary"]["train_iter"] == 3400 and exp["summary"]["last_eval_reward_mean"] == 187.5
+    assert exp["coordinator"] == "coordinator-host-1" and exp["stopped"] == ""
+    assert [t["task_id"] for t in exp["tasks_alive"]] == ["collector_task_1"]
+    assert abs(exp["throughput_1min"]["env_steps_per_s"] - 500.0) < 1
+    assert abs(exp["throughput_1min"]["train_iter_per_s"] - 100.0) < 1
+    json.dumps(st)  # --json output is plain JSON
+
+
+def test_render_fits_80_columns_and_shows_the_figures(fake_redis):
+    _seed(fake_redis)
+    fake_redis.set(keys.stop("exp_a"), "converged: eval reward_mean 201.00 >= stop_value 195.0")
+    text = render(collect_status(fake_redis))
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "EXPERIMENT exp_a" in text and "stopped: converged" in text
+    assert "187.5 / stop_value 195.0" in text and "12,000" in text
+    assert "collector_task_1" in text
+
+
+def test_status_of_an_empty_redis(fake_redis):
+    text = render(collect_status(fake_redis))
+    assert "no experiments in this Redis" in text
+
+
+def test_events_emit_validates(fake_redis):
+    import pytest
+
+    with pytest.raises(ValueError, match="event type"):
+        events.emit(fake_redis, "e", "bogus", "t", "collector")
