@@ -41,7 +41,8 @@ class ScalarWriter:
 
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.log_dir = str(log_dir)
-        self._writer = EventFileWriter(self.log_dir, flush_secs=flush_secs)
+        # A deep queue: add_scalar must not block the coordinator loop on file writes.
+        self._writer = EventFileWriter(self.log_dir, max_queue_size=4096, flush_secs=flush_secs)
 
     def add_scalar(self, tag: str, value: float, global_step: int) -> None:
         """Record ``value`` (float) under ``tag`` at ``global_step`` (train iterations or env steps)."""

@@ -198,6 +198,7 @@ class Coordinator:
                 return EXIT_INTERRUPTED, f"interrupted by {signal.Signals(self._signal).name}"
             self._dispatch()
             converged = self._process_events(block_ms=500)
+            self._dispatch()  # refill freed slots before the periodic checks below
             now = time.time()
             if now >= self._next_liveness:
                 self._next_liveness = now + 1.0
@@ -223,17 +224,21 @@ class Coordinator:
 
     # ------------------------------------------------------------------ dispatch
     def _dispatch(self) -> None:
+        """Enqueue every task the commander hands out, all in one MULTI/EXEC with their leases and
+        the coordinator's state (so a burst of freed slots costs one round trip)."""
+        pipe = None
         for kind, getter in (("learner", self.commander.get_learner_task), ("collector", self.commander.get_collector_task)):
             while (task := getter()) is not None:
-                self._enqueue(kind, task)
+                pipe = pipe or self.conn.pipeline(transaction=True)
+                self._enqueue(kind, task, pipe)
+        if pipe is not None:
+            self._persist(pipe).execute()
 
-    def _enqueue(self, kind: str, task: dict) -> None:
+    def _enqueue(self, kind: str, task: dict, pipe: redis.client.Pipeline) -> None:
         c = self.cfg.commander
         timeout = int(c.learner_job_timeout if kind == "learner" else c.collector_job_timeout)
         self.running[task["task_id"]] = {"task": task, "kind": kind, "started": False, "enqueued": time.time()}
         self._dirty.add(task["task_id"])
-        # Job, lease and the coordinator's state change together or not at all.
-        pipe = self.conn.pipeline(transaction=True)
         self.queues[kind].enqueue_call(
             _JOB_FUNC[kind], args=(task,), job_id=task["task_id"], timeout=timeout,
             result_ttl=3600, failure_ttl=7 * 86400,
@@ -243,7 +248,6 @@ class Coordinator:
             pipeline=pipe,
         )
         grant_lease(self.conn, self.exp, task["task_id"], timeout + 3600, pipe=pipe)
-        self._persist(pipe).execute()
         self.log.info("dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
 
     # ------------------------------------------------------------------ events
@@ -292,6 +296,8 @@ class Coordinator:
             if kind == "collector":
                 return self.commander.finish_collector_task(tid, ev)
             self.learner_finished = True
+            self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
+                                                     "expired", "corrupt", "malformed") if k in ev}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
             self._fail(tid, ev.get("error", "unknown error"))
@@ -376,8 +382,9 @@ class Coordinator:
                 self._next_liveness = time.time() + 1.0
                 self._check_liveness()
         final = self._export_final()
+        learner = {f"learner_{k}": v for k, v in getattr(self, "learner_final", {}).items()}
         summary = self._write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",
-                                      **self._at_stop)
+                                      **self._at_stop, **learner)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plotter.join(timeout=60)

@@ -163,7 +163,10 @@ class Collector:
             nonlocal steps_at_last_send
             data_id = f"{self._task['task_id']}_{uuid.uuid4().hex[:8]}"
             rows = chunk.size
-            nbytes = self._comm.send_stepdata(data_id, chunk.take())
+            arrays = chunk.take()
+            # Once per chunk rather than per step: NaN/inf from the env would poison training.
+            check_finite(env_id, arrays["obs"], arrays["next_obs"], arrays["reward"])
+            nbytes = self._comm.send_stepdata(data_id, arrays)
             self._comm.send_metadata({
                 "data_id": data_id, "task_id": self._task["task_id"], "policy_iter": self.train_iter,
                 "n_samples": rows, "env_steps": steps - steps_at_last_send, "nbytes": nbytes,
@@ -178,7 +181,6 @@ class Collector:
             next_obs, reward, terminated, truncated, info = step(self._env, env_id, actions)
             done = terminated | truncated
             real_next = true_next_obs(next_obs, done, info)
-            check_finite(env_id, real_next, reward)
             stats.step(reward, done)
             steps += self._env_num
             for row in adder.add(obs, actions, reward, real_next, terminated, truncated):

@@ -42,7 +42,7 @@ DQN_CONFIG: dict[str, Any] = dict(
         ),
     ),
     collect=dict(
-        n_sample=64,  # transitions per step-data chunk (one blob + one stream entry)
+        n_sample=128,  # transitions per step-data chunk (one blob + one stream entry)
         collector=dict(
             task_env_steps=1000,  # env steps per collector task
             data_ttl=600,  # seconds a step-data blob lives in Redis

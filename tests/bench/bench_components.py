@@ -109,8 +109,17 @@ class Bench:
 
     # ------------------------------------------------------------------ transport
     def transport(self) -> dict[str, Any]:
-        n_chunks = 200 if self.quick else 1000
-        rows = 64
+        """Step data through the blob store + stream (send, consume, ack) vs raw SET/MGET of the same
+        bytes, for 64-row chunks (the CartPole default's size class) and bigger ones."""
+        out: dict[str, Any] = {}
+        for rows, n_chunks in ((64, 200 if self.quick else 1000), (1024, 100 if self.quick else 300),
+                               (16384, 20 if self.quick else 60)):
+            r = self._transport(rows, n_chunks)
+            key = "" if rows == 64 else f"_{rows}_rows"
+            out.update({f"{k}{key}": v for k, v in r.items()})
+        return out
+
+    def _transport(self, rows: int, n_chunks: int) -> dict[str, Any]:
         cfg = compile_config({"exp_name": "bench"})
         rng = np.random.default_rng(0)
         chunk = {"obs": rng.standard_normal((rows, 4), dtype=np.float32), "action": rng.integers(0, 2, rows),
@@ -121,7 +130,7 @@ class Bench:
         def rqrl() -> float:
             task = self._task(cfg)
             comm = RedisCommCollector(self.conn, task, 600)
-            buf = ReplayBuffer(n_chunks * rows, SCHEMA)
+            buf = ReplayBuffer(min(n_chunks * rows, 200_000), SCHEMA)
             import logging
 
             reader = BufferReader(self.conn, "bench", task["buffer_id"], "bench-learner", buf, logging.getLogger("b"),

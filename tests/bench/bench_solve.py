@@ -34,6 +34,7 @@ def solve_once(config: str, seed: int, collectors: int, extra: list[str]) -> dic
         return {"seed": seed, "exit_code": res.returncode, "wall_s": round(wall, 2),
                 "coordinator_wall_s": summary.get("wall_seconds"), "envstep": summary.get("envstep"),
                 "train_iter": summary.get("train_iter"), "eval_reward": summary.get("last_eval_reward_mean"),
+                "learner_wait_share": summary.get("learner_wait_share"),
                 "stderr_tail": "" if res.returncode == 0 else res.stderr[-500:]}
 
 
