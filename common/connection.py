@@ -67,6 +67,38 @@ def connect(url: str | None = None, *, socket_timeout: float | None = 60.0) -> r
     )
 
 
+class RedisUnavailable(RuntimeError):
+    """Redis cannot be reached or refused the credentials (the message has the redacted URL)."""
+
+
+def connect_checked(url: str | None = None, *, socket_timeout: float | None = 60.0) -> redis.Redis:
+    """:func:`connect`, then PING. Wrong credentials fail at once; an unreachable server is
+    retried with backoff first (a restarting Redis is given its ~10 s).
+
+    Raises:
+        RedisUnavailable: naming the URL with its password redacted.
+    """
+    url = resolve_url(url)
+    try:
+        probe = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5, retry=Retry(ExponentialBackoff(), 0))
+        try:
+            probe.ping()
+        finally:
+            probe.close()
+    except (redis.AuthenticationError, redis.ResponseError) as e:
+        raise RedisUnavailable(f"Redis at {redact(url)} refused us: {e}") from None
+    except ValueError as e:
+        raise RedisUnavailable(f"bad redis url {redact(url)}: {e}") from None
+    except redis.RedisError:
+        pass  # unreachable just now: the retrying client below tries again
+    try:
+        conn = connect(url, socket_timeout=socket_timeout)
+        conn.ping()
+    except (redis.RedisError, ValueError) as e:
+        raise RedisUnavailable(f"cannot reach Redis at {redact(url)}: {e}") from None
+    return conn
+
+
 def redact(url: str) -> str:
     """``url`` with any password replaced by ``***``, safe to log or print."""
     parts = urlsplit(url)

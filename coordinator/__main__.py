@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from common.config import ConfigError, apply_overrides, load_config
-from common.connection import connect, redact, resolve_url
+from common.connection import RedisUnavailable, connect_checked
 
 
 def check_env_id(env_id: str) -> None:
@@ -50,14 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 1
     from coordinator.daemon import Coordinator, CoordinatorError
-    import redis
 
-    url = resolve_url(args.redis_url)
     try:
-        conn = connect(url)
-        conn.ping()
-    except (redis.RedisError, ValueError) as e:
-        print(f"cannot reach Redis at {redact(url)}: {e}", file=sys.stderr)
+        conn = connect_checked(args.redis_url)
+    except RedisUnavailable as e:
+        print(e, file=sys.stderr)
         return 1
     try:
         return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh).run()

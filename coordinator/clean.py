@@ -265,14 +265,13 @@ def clean(conn: Any, exp: str, yes: bool = False, force: bool = False, out: Any 
 def run(args: argparse.Namespace) -> int:
     import redis
 
-    from common.connection import connect, redact, resolve_url
+    from common.connection import RedisUnavailable, connect_checked, redact, resolve_url
 
     url = resolve_url(args.redis_url)
     try:
-        conn = connect(url, socket_timeout=10)
-        conn.ping()
-    except (redis.RedisError, ValueError) as e:
-        print(f"rqrl clean: error: cannot reach Redis at {redact(url)}: {e}", file=sys.stderr)
+        conn = connect_checked(url, socket_timeout=10)
+    except RedisUnavailable as e:
+        print(f"rqrl clean: error: {e}", file=sys.stderr)
         return 1
     try:
         return clean(conn, args.exp, yes=args.yes, force=args.force)

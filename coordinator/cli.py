@@ -7,6 +7,7 @@ import json
 import sys
 
 from common.config import ConfigError, apply_overrides, load_config
+from common.connection import RedisUnavailable
 
 
 def _load(path: str, overrides: list[str], seed: int | None):
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
+        return 1
+    except RedisUnavailable as e:
+        print(e, file=sys.stderr)
         return 1
 
 

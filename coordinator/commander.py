@@ -28,7 +28,6 @@ The loop a commander serves (driven by coordinator/daemon.py)::
 
 from __future__ import annotations
 
-import copy
 import time
 import uuid
 from abc import ABC, abstractmethod

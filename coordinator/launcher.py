@@ -21,7 +21,7 @@ import redis
 
 from common import keys, streams
 from easydict import EasyDict
-from common.connection import connect, redact
+from common.connection import connect, connect_checked, redact
 from common.embedded_redis import EmbeddedRedis
 
 _WORKER_CLASS = "workers.worker.PreloadWorker"
@@ -124,8 +124,7 @@ class Launcher:
         self.url = url
         env = dict(os.environ, RQRL_REDIS_URL=url, RQ_REDIS_URL=url, PYTHONUNBUFFERED="1")
         env.setdefault("RQRL_TORCH_THREADS", "1")
-        conn = connect(url)
-        conn.ping()
+        conn = connect_checked(url)
         config_path = str(Path(self.config_path).resolve())
         self._spawn("coordinator", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
                                     *self.coordinator_args], env)

@@ -12,7 +12,7 @@ from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from common import keys, streams
-from common.connection import connect, redact, resolve_url
+from common.connection import RedisUnavailable, connect_checked
 
 
 def _throughput(conn: redis.Redis, exp: str, window_s: float = 60.0) -> dict[str, float]:
@@ -86,12 +86,10 @@ def render(status: dict[str, Any]) -> str:
 
 def run_status(redis_url: Optional[str], exp: Optional[str], watch: bool = False, as_json: bool = False) -> int:
     """Print the status once (or every 2 s with ``watch``); returns an exit code."""
-    url = resolve_url(redis_url)
     try:
-        conn = connect(url, socket_timeout=5)
-        conn.ping()
-    except (redis.RedisError, ValueError) as e:
-        print(f"cannot reach Redis at {redact(url)}: {e}", file=sys.stderr)
+        conn = connect_checked(redis_url, socket_timeout=5)
+    except RedisUnavailable as e:
+        print(e, file=sys.stderr)
         return 1
     try:
         while True:

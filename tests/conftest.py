@@ -72,3 +72,25 @@ def worker_env(url: str) -> dict[str, str]:
 def rq_bin() -> str:
     beside = Path(sys.executable).with_name("rq")
     return str(beside) if beside.exists() else "rq"
+
+
+def wait_event(conn, exp: str, pred, timeout: float) -> dict:
+    """Block on ``rqrl:{exp}:events`` (XREAD BLOCK) until an event matches ``pred``; returns it.
+
+    Raises:
+        AssertionError: nothing matched within ``timeout`` seconds.
+    """
+    import time
+
+    from common import keys, streams
+
+    last = b"0"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for _, entries in conn.xread({keys.events(exp): last}, block=500) or []:
+            for eid, raw in entries:
+                last = eid
+                ev = streams.decode_fields(raw)
+                if pred(ev):
+                    return ev
+    raise AssertionError(f"no matching event on {keys.events(exp)} within {timeout} s")

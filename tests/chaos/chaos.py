@@ -123,9 +123,11 @@ class Chaos:
             self.procs[parent].kill()
             self.procs[parent].wait()
         what = f"{kind} work-horse" + (" + rq worker parent" if parent else "")
-        detected = self._wait(lambda: tid not in self.running_tasks(), 30)
-        record = {"what": what, "task_id": tid,
-                  "detect_s": None if detected is None else round(time.monotonic() - t_kill, 2)}
+        ended = lambda: bool(self.conn.exists(keys.stop(self.exp)))  # noqa: E731
+        detected = self._wait(lambda: tid not in self.running_tasks() or ended(), 30)
+        run_ended = tid in self.running_tasks() and ended()
+        record = {"what": what, "task_id": tid, "run_ended_first": run_ended,
+                  "detect_s": None if detected is None or run_ended else round(time.monotonic() - t_kill, 2)}
         if kind == "learner":
             record["resumed_from_iter"] = self._first_iter_after(tid)
         self.kills.append(record)
@@ -231,7 +233,9 @@ def render(r: dict[str, Any]) -> str:
              f"{'kill':<40} {'task':<34} {'detected after s':>16}"]
     for k in r["kills"]:
         extra = f"  (replacement resumed at train iter {k['resumed_from_iter']})" if "resumed_from_iter" in k else ""
-        lines.append(f"{k['what']:<40} {k['task_id']:<34} {k['detect_s'] if k['detect_s'] is not None else 'NEVER':>16}"
+        if k.get("run_ended_first"):
+            extra = "  (the run converged before the task's heartbeat expired)"
+        lines.append(f"{k['what']:<40} {k['task_id']:<34} {k['detect_s'] if k['detect_s'] is not None else ('-' if k.get('run_ended_first') else 'NEVER'):>16}"
                      + extra)
     c = r["chunks"]
     if c:

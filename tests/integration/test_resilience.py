@@ -8,12 +8,10 @@ import sys
 import time
 
 import pytest
-import redis
 
-from common import keys, streams
 from common.connection import connect
 from common.embedded_redis import EmbeddedRedis
-from tests.conftest import REPO, worker_env
+from tests.conftest import REPO, wait_event, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
@@ -26,25 +24,13 @@ def _train(url: str, exp: str, cwd, *extra: str) -> subprocess.Popen:
                             cwd=cwd, env=worker_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(conn, exp: str, etype: str, timeout: float) -> None:
-    last = b"0"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for _, entries in conn.xread({keys.events(exp): last}, block=500) or []:
-            for eid, raw in entries:
-                last = eid
-                if streams.decode_fields(raw).get("type") == etype:
-                    return
-    raise AssertionError(f"no {etype} event within {timeout} s")
-
-
 def test_redis_pause_and_dropped_connections_are_survived(tmp_path, redis_server):
     server = EmbeddedRedis().start()  # its own server: the test kills every client connection
     try:
         conn = connect(server.url)
         exp = f"blip_{os.getpid()}"
         p = _train(server.url, exp, tmp_path, "--set", "env.stop_value=250")
-        _wait_for(conn, exp, "learner_info", 90)
+        wait_event(conn, exp, lambda e: e["type"] == "learner_info", 90)
         conn.execute_command("CLIENT", "PAUSE", "10000", "ALL")  # every client blocks for 10 s
         time.sleep(11)
         killed = conn.execute_command("CLIENT", "KILL", "TYPE", "normal") + \
@@ -65,7 +51,7 @@ def test_redis_restarted_empty_is_reported_clearly(tmp_path):
         exp = f"empty_{os.getpid()}"
         p = _train(server.url, exp, tmp_path, "--set", "env.stop_value=100000")
         conn = connect(server.url)
-        _wait_for(conn, exp, "learner_info", 90)
+        wait_event(conn, exp, lambda e: e["type"] == "learner_info", 90)
         conn.flushall()  # what a restart without persistence looks like to clients
         out, err = p.communicate(timeout=120)
         assert p.returncode == 1, out + err[-3000:]

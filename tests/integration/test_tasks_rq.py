@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 from rq import Queue
@@ -13,7 +12,7 @@ from rq.registry import FailedJobRegistry
 from common import keys, streams
 from common.config import apply_overrides
 from coordinator.commander import SoloCommander
-from tests.conftest import rq_bin, worker_env
+from tests.conftest import rq_bin, wait_event, worker_env
 from workers.task import grant_lease
 
 pytestmark = pytest.mark.redis_server
@@ -25,24 +24,6 @@ def _worker(url: str, queue: str, cwd, burst: bool = True) -> subprocess.Popen:
         argv.append("--burst")
     return subprocess.Popen(argv, env=worker_env(url), cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-
-
-def _events(conn, exp: str) -> list[dict]:
-    return [streams.decode_fields(f) for _, f in conn.xrange(keys.events(exp))]
-
-
-def _wait_event(conn, exp: str, pred, timeout: float) -> dict:
-    """Block on the events stream (XREAD BLOCK) until an event matches ``pred``."""
-    last = b"0"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for _, entries in conn.xread({keys.events(exp): last}, block=500) or []:
-            for eid, raw in entries:
-                last = eid
-                ev = streams.decode_fields(raw)
-                if pred(ev):
-                    return ev
-    raise AssertionError(f"no matching event within {timeout} s; events: {_events(conn, exp)[-5:]}")
 
 
 @pytest.fixture
@@ -71,7 +52,7 @@ def test_collector_and_learner_through_rq_workers(setup):
     try:
         out, _ = collector.communicate(timeout=180)
         assert collector.returncode == 0, out
-        finished = _wait_event(conn, exp, lambda e: e["type"] == "finished" and e["task_type"] == "collector", 10)
+        finished = wait_event(conn, exp, lambda e: e["type"] == "finished" and e["task_type"] == "collector", 10)
         assert finished["task_id"] == collector_task["task_id"]
         assert finished["step_count"] >= cfg.policy.collect.collector.task_env_steps
 
@@ -84,7 +65,7 @@ def test_collector_and_learner_through_rq_workers(setup):
         assert min(iters) >= 0 and max(iters) > min(iters), iters
 
         # Wait until the learner has consumed every chunk, then stop it.
-        _wait_event(conn, exp, lambda e: e["type"] == "learner_info" and e["chunks"] == len(meta), 60)
+        wait_event(conn, exp, lambda e: e["type"] == "learner_info" and e["chunks"] == len(meta), 60)
         conn.set(keys.stop(exp), "test done")
         out, _ = learner.communicate(timeout=60)
         assert learner.returncode == 0, out
@@ -92,7 +73,7 @@ def test_collector_and_learner_through_rq_workers(setup):
         for p in (learner, collector):
             if p.poll() is None:
                 p.kill()
-    done = _wait_event(conn, exp, lambda e: e["type"] == "finished" and e["task_type"] == "learner", 10)
+    done = wait_event(conn, exp, lambda e: e["type"] == "finished" and e["task_type"] == "learner", 10)
     # Every transition arrived exactly once: inserted == sent, chunks == entries, nothing pending.
     assert done["pushed"] == sent
     assert done["chunks"] == len(meta)
@@ -123,7 +104,7 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
     w = _worker(url, keys.COLLECTOR_QUEUE, cwd)
     out, _ = w.communicate(timeout=120)
     assert w.returncode == 0, out
-    ev = _wait_event(conn, exp, lambda e: e["type"] == "finished", 10)
+    ev = wait_event(conn, exp, lambda e: e["type"] == "finished", 10)
     assert ev["eval_flag"] is True
     assert ev["real_episode_count"] == cfg.env.n_evaluator_episode
     assert ev["train_iter"] == 500

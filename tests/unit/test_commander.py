@@ -8,7 +8,7 @@ import pickle
 import pytest
 from easydict import EasyDict
 
-from common.config import compile_config
+
 from coordinator.commander import _LEARNER_INFO_HISTORY, SoloCommander, create_commander
 
 
