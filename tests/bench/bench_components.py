@@ -127,23 +127,38 @@ class Bench:
                  "done": np.zeros(rows, bool), "discount": np.full(rows, 0.9, np.float32)}
         nbytes = len(serialization.dumps(chunk))
 
-        def rqrl() -> float:
+        def rqrl(insert: bool) -> float:
+            """Send through the collector's chunk script, read with XREADGROUP + MGET, ack with the
+            learner's ack script; ``insert`` also decodes and inserts into a replay buffer."""
             task = self._task(cfg)
             comm = RedisCommCollector(self.conn, task, 600)
             buf = ReplayBuffer(min(n_chunks * rows, 200_000), SCHEMA)
             import logging
 
+            from common import blobstore
+            from common.scripts import ack_chunks
+
+            lease = keys.lease("bench", task["task_id"])
+            stream = keys.buffer_meta("bench", task["buffer_id"])
             reader = BufferReader(self.conn, "bench", task["buffer_id"], "bench-learner", buf, logging.getLogger("b"),
-                                  lambda: None, keys.lease("bench", task["task_id"]))
+                                  lambda: None, lease)
             t0 = time.perf_counter()
             for i in range(n_chunks):
                 comm.send_stepdata(f"d{i}", chunk)
                 comm.send_metadata({"data_id": f"d{i}", "policy_iter": 0, "n_samples": rows, "env_steps": rows})
                 comm.flush()
-            while reader.chunks < n_chunks:
-                entries = self.conn.xreadgroup(keys.LEARNER_GROUP, "bench-learner",
-                                               {keys.buffer_meta("bench", task["buffer_id"]): ">"}, count=64)
-                reader._consume(entries[0][1])
+            got = 0
+            while got < n_chunks:
+                entries = self.conn.xreadgroup(keys.LEARNER_GROUP, "bench-learner", {stream: ">"}, count=64)[0][1]
+                got += len(entries)
+                if insert:
+                    reader._consume(entries)
+                    continue
+                dkeys = [keys.data("bench", e[1][b"data_id"].decode()) for e in entries]
+                blobs = blobstore.get_many(self.conn, dkeys)
+                assert all(b is not None for b in blobs)
+                ack_chunks(self.conn, lease, stream, keys.buffer_stats("bench", task["buffer_id"]), keys.LEARNER_GROUP,
+                           [(e[0], k, rows, "consumed") for e, k in zip(entries, dkeys)])
             return n_chunks * nbytes / (time.perf_counter() - t0) / 1e6
 
         def raw() -> float:
@@ -156,9 +171,11 @@ class Bench:
                 self.conn.mget([f"raw:{i}" for i in range(start, min(n_chunks, start + 64))])
             return n_chunks * nbytes / (time.perf_counter() - t0) / 1e6
 
-        r, w = median_of(rqrl, self.repeats), median_of(raw, self.repeats)
+        r = median_of(lambda: rqrl(False), self.repeats)
+        e2e = median_of(lambda: rqrl(True), self.repeats)
+        w = median_of(raw, self.repeats)
         return {"chunk_bytes": nbytes, "transport_MB_per_s": round(r, 2), "raw_redis_MB_per_s": round(w, 2),
-                "transport_vs_raw": round(r / w, 3)}
+                "transport_vs_raw": round(r / w, 3), "into_replay_buffer_MB_per_s": round(e2e, 2)}
 
     # ------------------------------------------------------------------ policy propagation
     def propagation(self) -> dict[str, Any]:
