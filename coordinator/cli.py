@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train on this machine: Redis, coordinator and workers as child processes")
     t.add_argument("config", help="config file (e.g. deploy/configs/cartpole_dqn.py)")
     t.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
-    t.add_argument("--collectors", type=int, default=2, help="number of collector workers (default 2)")
+    t.add_argument("--collectors", type=int, default=2, help="collector tasks at once (default 2); one more collector worker starts for evaluation")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set policy.learn.batch_size=128")
