@@ -77,8 +77,8 @@ class Coordinator:
         self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id)
         self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
-        self.learner_finished = False
         self._signal: Optional[int] = None
+        self.learner_final: dict[str, Any] = {}  # the learner's closing figures, for summary.json
         self._t0 = time.time()
         self._next_liveness = 0.0
         self._next_summary = 0.0
@@ -294,7 +294,6 @@ class Coordinator:
             self._failures_in_a_row = 0
             if kind == "collector":
                 return self.commander.finish_collector_task(tid, ev)
-            self.learner_finished = True
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
                                                      "expired", "corrupt", "malformed") if k in ev}
             self.commander.finish_learner_task(tid, ev)
@@ -381,7 +380,7 @@ class Coordinator:
                 self._next_liveness = time.time() + 1.0
                 self._check_liveness()
         final = self._export_final()
-        learner = {f"learner_{k}": v for k, v in getattr(self, "learner_final", {}).items()}
+        learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
         summary = self._write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",
                                       **self._at_stop, **learner)
         self.out.mkdir(parents=True, exist_ok=True)

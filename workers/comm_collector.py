@@ -51,7 +51,6 @@ class RedisCommCollector:
         self._pending: dict[str, Any] = {}
         self._pubsub = None
         self._next_stop_poll = 0.0
-        self._n_sent = 0
         self.policy_version: int | None = None
         self.stop_flag = False
         self.limiter_wait_s = 0.0  # seconds spent waiting for the learner (replay-ratio limiter)
@@ -148,7 +147,6 @@ class RedisCommCollector:
         self._chunk_keys[1] = p["data_key"]
         _, counter, version_raw, limit_raw, stop = send_chunk(
             self._conn, self._chunk_keys, p["payload"], self._data_ttl, streams.DEFAULT_MAXLEN, p["env_steps"], p["fields"])
-        self._n_sent += 1
         self.stop_flag = bool(stop)
         if limit_raw is not None and counter > int(limit_raw) and not self.stop_flag:
             version_raw = self._wait_for_learner(counter, max_wait_s) or version_raw
