@@ -33,6 +33,18 @@ def _rq_command() -> list[str]:
     return [str(beside)] if beside.exists() else ["rq"]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM / SIGHUP, handled like Ctrl-C (``signum`` gives the exit code 128 + signum)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupt(signum: int, _frame: Any) -> None:
+    raise _Terminated(signum)
+
+
 class Progress:
     """One progress line: env steps, train iterations, last eval reward vs stop_value, elapsed."""
 
@@ -100,9 +112,11 @@ class Launcher:
     def run(self) -> int:
         """Launch, follow and tear down; returns the coordinator's exit code (130 on Ctrl-C)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # SIGTERM / SIGHUP (kill, timeout, a closed terminal) stop the run like Ctrl-C does.
+        previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
             return self._run()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             print("\ninterrupted: stopping the run ...", file=sys.stderr)
             coord = self.children.get("coordinator")
             if coord is not None and coord.poll() is None:
@@ -111,9 +125,11 @@ class Launcher:
                     coord.wait(timeout=20)
                 except (subprocess.TimeoutExpired, KeyboardInterrupt):
                     pass
-            return 130
+            return 128 + getattr(e, "signum", signal.SIGINT)
         finally:
             self._teardown()
+            for s, h in previous.items():
+                signal.signal(s, h)
 
     def _run(self) -> int:
         url = self.redis_url
@@ -147,8 +163,13 @@ class Launcher:
         coord = self.children["coordinator"]
         warned: set[str] = set()
         workers_told = False
+        # A stop flag left by an earlier run of this experiment is not ours: the coordinator
+        # clears it when it starts a fresh run. Only a flag set after that ends this run.
+        stale_stop = bool(conn.exists(keys.stop(self.cfg.exp_name)))
         while coord.poll() is None:
-            if not workers_told and conn.exists(keys.stop(self.cfg.exp_name)):
+            stop_now = bool(conn.exists(keys.stop(self.cfg.exp_name)))
+            stale_stop = stale_stop and stop_now
+            if not workers_told and stop_now and not stale_stop:
                 # The run is ending: ask each rq worker for a warm shutdown now (it finishes its
                 # current job, e.g. the learner's final checkpoint, then exits), overlapping the
                 # teardown with the coordinator's wrap-up. The parent only: a signal to the
@@ -170,6 +191,8 @@ class Launcher:
                         progress.update(ev)
             progress.show()
             for name, proc in self.children.items():
+                if workers_told:
+                    break  # workers exiting now were asked to
                 if name != "coordinator" and proc.poll() is not None and name not in warned:
                     warned.add(name)
                     print(f"\nworker {name} exited with code {proc.returncode}; see {self.log_dir / (name + '.log')}",

@@ -70,7 +70,10 @@ def render(status: dict[str, Any]) -> str:
     for e, info in status["experiments"].items():
         s = info["summary"]
         state = "stopped: " + info["stopped"] if info["stopped"] else ("running" if info["coordinator"] else "no coordinator")
-        lines += ["", f"EXPERIMENT {e}  [{state}]"[:80]]
+        room = max(10, 80 - len(f"EXPERIMENT {e}  []"))
+        if len(state) > room:  # shorten the reason, keep the line's shape
+            state = state[: room - 3] + "..."
+        lines += ["", f"EXPERIMENT {e}  [{state}]"]
         if s:
             ev = s.get("last_eval_reward_mean", "")
             lines.append(f"  env steps {s.get('envstep', 0):,}  train iter {s.get('train_iter', 0):,}  "
