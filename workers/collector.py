@@ -22,7 +22,7 @@ from easydict import EasyDict
 
 from common import events
 from common.policy import create_policy
-from common.policy.dqn import TRANSITION_FIELDS
+from common.policy.dqn import TRANSITION_FIELDS, transition_schema
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, make_vector_env, step, true_next_obs
 from workers.task import Heartbeat, is_stale, task_connection, validate_task
@@ -33,16 +33,11 @@ class ChunkBuilder:
 
     def __init__(self, n_sample: int, obs_shape: int) -> None:
         self.n_sample = n_sample
-        self._obs_shape = obs_shape
+        self._schema = transition_schema(obs_shape)
         self._reset()
 
     def _reset(self) -> None:
-        n, o = self.n_sample, self._obs_shape
-        self.arrays = {
-            "obs": np.empty((n, o), np.float32), "action": np.empty(n, np.int64),
-            "reward": np.empty(n, np.float32), "next_obs": np.empty((n, o), np.float32),
-            "done": np.empty(n, np.bool_), "discount": np.empty(n, np.float32),
-        }
+        self.arrays = {k: np.empty((self.n_sample, *shape), dt) for k, (shape, dt) in self._schema.items()}
         self.size = 0
 
     def add(self, row: tuple) -> bool:

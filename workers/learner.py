@@ -36,6 +36,7 @@ from easydict import EasyDict
 from common import events, keys
 from common.logs import build_logger, build_tb_writer
 from common.policy import Policy, create_policy
+from common.policy.dqn import transition_schema
 from common.registry import LEARNER_REGISTRY, import_names
 from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
 from workers.learner_hooks import LearnerHook, build_hooks
@@ -427,11 +428,8 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
     lease_key = keys.lease(exp, task_id)
     learner = create_learner(cfg, policy=policy, exp_name=exp,
                              checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key))
-    obs_shape = int(cfg.policy.model.obs_shape)
-    buffer = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size, {
-        "obs": ((obs_shape,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
-        "next_obs": ((obs_shape,), np.float32), "done": ((), np.bool_), "discount": ((), np.float32),
-    })
+    buffer = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size,
+                          transition_schema(cfg.policy.model.obs_shape))
     lcfg = cfg.policy.learn.learner
     # before_run hooks run by priority: loading a checkpoint (20) precedes the first publication
     # (30), so collectors start from the resumed weights and train_iter.

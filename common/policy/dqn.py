@@ -37,6 +37,13 @@ from common.registry import POLICY_REGISTRY
 TRANSITION_FIELDS = ("obs", "action", "reward", "next_obs", "done", "discount")
 
 
+def transition_schema(obs_shape: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Per-row shape and dtype of each transition field (the layout in the module docstring)."""
+    f32, obs = np.dtype(np.float32), (int(obs_shape),)
+    return {"obs": (obs, f32), "action": ((), np.dtype(np.int64)), "reward": ((), f32),
+            "next_obs": (obs, f32), "done": ((), np.dtype(np.bool_)), "discount": ((), f32)}
+
+
 class QNetwork(nn.Module):
     """MLP Q-network: obs float32 (B, obs_shape) -> Q values float32 (B, action_shape); optional dueling head."""
 

@@ -26,6 +26,7 @@ from common.config import compile_config
 from common.connection import connect
 from common.embedded_redis import EmbeddedRedis
 from common.policy import create_policy
+from common.policy.dqn import transition_schema
 from coordinator.commander import SoloCommander
 from workers.collector import ChunkBuilder, Collector
 from workers.comm_collector import RedisCommCollector
@@ -35,8 +36,7 @@ from workers.replay_buffer import ReplayBuffer
 from workers.task import grant_lease
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
-          "next_obs": ((4,), np.float32), "done": ((), np.bool_), "discount": ((), np.float32)}
+SCHEMA = transition_schema(4)
 
 
 def median_of(fn: Callable[[], float], repeats: int) -> float:

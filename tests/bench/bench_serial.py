@@ -22,6 +22,7 @@ import torch
 
 from common.config import load_config
 from common.policy import create_policy
+from common.policy.dqn import TRANSITION_FIELDS, transition_schema
 from workers.envs import make_vector_env, true_next_obs
 from workers.replay_buffer import ReplayBuffer
 
@@ -48,10 +49,7 @@ def solve(cfg, seed: int, max_env_steps: int = 200_000) -> dict:
     torch.set_num_threads(1)
     rng = np.random.default_rng(seed)
     policy = create_policy(cfg)
-    o = int(cfg.policy.model.obs_shape)
-    buf = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size, {
-        "obs": ((o,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
-        "next_obs": ((o,), np.float32), "done": ((), np.bool_), "discount": ((), np.float32)})
+    buf = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size, transition_schema(cfg.policy.model.obs_shape))
     n_env = int(cfg.env.collector_env_num)
     env = make_vector_env(cfg.env.env_id, n_env)
     adder = policy.make_adder(n_env)
@@ -71,7 +69,7 @@ def solve(cfg, seed: int, max_env_steps: int = 200_000) -> dict:
             obs = nxt
             envstep += n_env
         cols = list(zip(*rows))
-        buf.extend({k: np.asarray(v) for k, v in zip(("obs", "action", "reward", "next_obs", "done", "discount"), cols)})
+        buf.extend({k: np.asarray(v) for k, v in zip(TRANSITION_FIELDS, cols)})
         if len(buf) < cfg.policy.other.replay_buffer.replay_start_size:
             continue
         while it < ratio * envstep:
