@@ -37,8 +37,46 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         n_evaluator_episode=5,
         stop_value=195.0,
         manager=dict(type="sync"),  # gymnasium vector env: "sync" (in-process) or "async" (subprocesses)
+        # Modules to import before building the env (custom envs that register themselves). A config
+        # file's own top-level imports are added here when it is loaded, so workers import them too.
+        import_names=[],
     ),
-    policy=dict(),
+    # The infrastructure part of the ``policy`` section; each algorithm adds its own hyperparameters
+    # (common/policy/<name>/__init__.py) over these.
+    policy=dict(
+        cuda=False,
+        # None: read from the env's spaces (common/spaces.py); a set value must agree with the env.
+        model=dict(obs_shape=None, action_shape=None),
+        learn=dict(
+            # Replay-ratio limiter (replay data): at most this many train iterations per env step received ...
+            train_iter_per_env_step=0.5,
+            # ... and collectors wait once they are this many env steps ahead of that ratio.
+            max_env_step_lead=256,
+            learner=dict(
+                train_iterations=1_000_000_000,
+                log_policy=True,
+                send_policy_freq=4,  # publish weights every N train iterations (on-policy data: every one)
+                send_info_freq=20,  # learner info event every N train iterations
+                hook=dict(
+                    load_ckpt_before_run="",  # checkpoint name in Redis ("latest", ...); "" = none
+                    log_show_after_iter=100,
+                    save_ckpt_after_iter=500,
+                    save_ckpt_after_run=True,
+                ),
+            ),
+        ),
+        collect=dict(
+            n_sample=128,  # rows per step-data chunk (replay data); rows per train iteration (on-policy data)
+            collector=dict(
+                task_env_steps=1000,  # env steps per collector task
+                data_ttl=600,  # seconds a step-data blob lives in Redis
+                torch_threads=1,
+                policy_wait_s=120.0,  # seconds a task waits for the learner's first policy
+            ),
+        ),
+        eval=dict(evaluator=dict(max_episode_seconds=60.0)),
+        other=dict(replay_buffer=dict(replay_buffer_size=20000, replay_start_size=256)),
+    ),
     commander=dict(
         collector_task_space=2,
         learner_task_space=1,
@@ -126,11 +164,23 @@ def merge_strict(base: dict, override: dict, path: str = "", open_keys: frozense
 _OPEN_KEYS = frozenset({"env.env_kwargs"})
 
 
+def _merge_defaults(base: dict, extra: dict) -> dict:
+    """Deep-merge an algorithm's defaults over the system's (new keys allowed, unlike user config)."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge_defaults(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 def compile_config(main_config: dict, create_config: dict | None = None) -> EasyDict:
     """Merge a user's ``main_config`` / ``create_config`` over the defaults.
 
-    The policy section's defaults come from the torch-free half of the policy named by
-    ``create_config.policy.type`` (``dqn`` unless given; see ``COMMAND_REGISTRY``).
+    The policy section's defaults are the system's (infrastructure) with the algorithm's own
+    hyperparameters over them, from the algorithm named by ``create_config.policy.type``
+    (``dqn`` unless given; see common/policy/__init__.py).
 
     Returns:
         The full config as an EasyDict, with ``cfg.create`` holding the resolved create_config.
@@ -138,16 +188,17 @@ def compile_config(main_config: dict, create_config: dict | None = None) -> Easy
     Raises:
         ConfigError: unknown keys, wrong types, or an unknown policy type.
     """
-    from common.registry import COMMAND_REGISTRY, import_names
+    from common.policy import get_algorithm
+    from common.registry import import_names
 
     create = merge_strict(_CREATE_DEFAULTS, create_config or {}, "create_config")
     import_names(create["policy"]["import_names"])
     try:
-        policy_cls = COMMAND_REGISTRY.get(create["policy"]["type"])
+        algo = get_algorithm(create["policy"]["type"])
     except KeyError as e:
         raise ConfigError(f"create_config.policy.type: {e.args[0]}") from None
     base = copy.deepcopy(SYSTEM_DEFAULTS)
-    base["policy"] = policy_cls.default_config()
+    base["policy"] = _merge_defaults(base["policy"], algo.config)
     cfg = merge_strict(base, main_config, "", _OPEN_KEYS)
     cfg["create"] = create
     _validate(cfg)
@@ -171,6 +222,13 @@ def _validate(cfg: dict) -> None:
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key {name!r} must be >= 1, got {value}")
+    for key in ("obs_shape", "action_shape"):
+        v = cfg["policy"]["model"].get(key)
+        ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0) or (
+            isinstance(v, (list, tuple)) and v and all(isinstance(x, int) and x > 0 for x in v))
+        if not ok:
+            raise ConfigError(f"config key 'policy.model.{key}' must be unset (read from the env), a positive int "
+                              f"or a list of them, got {v!r}")
     if cfg["env"]["manager"]["type"] not in ("sync", "async"):
         raise ConfigError(f"config key 'env.manager.type' must be 'sync' or 'async', got {cfg['env']['manager']['type']!r}")
 
@@ -193,10 +251,31 @@ def load_config(path: str | Path) -> EasyDict:
         raise ConfigError(f"config file {str(path)!r} raised {type(e).__name__}: {e}") from None
     if "main_config" not in ns:
         raise ConfigError(f"config file {str(path)!r} defines no 'main_config'")
+    main = copy.deepcopy(dict(ns["main_config"]))
+    own = _top_level_imports(path)
+    if own:
+        env = main.setdefault("env", {})
+        if isinstance(env, dict):
+            env["import_names"] = list(dict.fromkeys([*env.get("import_names", []), *own]))
     try:
-        return compile_config(dict(ns["main_config"]), ns.get("create_config"))
+        return compile_config(main, ns.get("create_config"))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def _top_level_imports(path: Path) -> list[str]:
+    """Non-standard-library modules a config file imports at its top level (e.g. one that registers
+    a custom env): workers never see the file, so they import these before building the env."""
+    import ast
+    import sys
+
+    names: list[str] = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return [n for n in names if n.split(".")[0] not in sys.stdlib_module_names]
 
 
 def apply_overrides(cfg: EasyDict, overrides: list[str]) -> EasyDict:

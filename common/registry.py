@@ -1,4 +1,7 @@
-"""Name -> class registries, as DI-engine's ``POLICY_REGISTRY`` / ``LEARNER_REGISTRY`` / ``COMMANDER_REGISTRY``."""
+"""Name -> class registries, as DI-engine's ``LEARNER_REGISTRY`` / ``COMMANDER_REGISTRY``.
+
+Algorithms have their own one-line registry in common/policy/__init__.py.
+"""
 
 from __future__ import annotations
 
@@ -43,20 +46,12 @@ class Registry:
         """Instantiate the object registered as ``name`` with the given arguments."""
         return self.get(name)(*args, **kwargs)
 
-    def names(self) -> list[str]:
-        self._load_builtins()
-        return sorted(self._items)
-
     def _load_builtins(self) -> None:
         importlib.import_module(_BUILTINS[self.kind])
 
 
-_BUILTINS = {"policy": "common.policy.dqn", "command mode": "common.policy.dqn_command",
-             "learner": "workers.learner", "commander": "coordinator.commander"}
+_BUILTINS = {"learner": "workers.learner", "commander": "coordinator.commander"}
 
-POLICY_REGISTRY = Registry("policy")
-# A policy's torch-free half: default config and command mode (see common/policy/dqn_command.py).
-COMMAND_REGISTRY = Registry("command mode")
 LEARNER_REGISTRY = Registry("learner")
 COMMANDER_REGISTRY = Registry("commander")
 

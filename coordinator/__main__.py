@@ -5,27 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from common import spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable, connect_checked
-
-
-def check_env_id(env_id: str) -> None:
-    """Fail fast on an unknown gymnasium id, rather than in every collector task.
-
-    Raises:
-        ConfigError: naming ``env.env_id`` and the id.
-    """
-    import importlib
-
-    import gymnasium
-
-    try:
-        module, _, name = env_id.rpartition(":")
-        if module:  # gymnasium's "package.module:EnvName-v0" form registers on import
-            importlib.import_module(module)
-        gymnasium.spec(name)
-    except Exception as e:  # gymnasium raises NameNotFound / NamespaceNotFound / VersionNotFound
-        raise ConfigError(f"config key 'env.env_id': unknown gymnasium env {env_id!r} ({type(e).__name__}: {e})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
         if overrides:
             cfg = apply_overrides(cfg, overrides)
-        check_env_id(cfg.env.env_id)
-    except ConfigError as e:
+        spaces.check_model(cfg, spaces.probe(cfg))  # model shapes from the env; tasks carry them
+    except (ConfigError, spaces.SpaceError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 1
     from coordinator.daemon import Coordinator, CoordinatorError

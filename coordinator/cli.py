@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from common import spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable
 
@@ -20,6 +21,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from coordinator.launcher import Launcher
 
     cfg = _load(args.config, args.overrides, args.seed)
+    # Env spaces against policy.model before anything is launched (fails in one line).
+    spaces.check_model(cfg, spaces.probe(cfg))
     coord_args = [f"--set={o}" for o in args.overrides]
     if args.seed is not None:
         coord_args += ["--seed", str(args.seed)]
@@ -55,6 +58,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     cfg = _load(args.config, args.overrides, None)
+    try:
+        spaces.check_model(cfg, spaces.probe(cfg))  # show the shapes the run will use
+    except spaces.SpaceError as e:
+        print(f"note: {e}", file=sys.stderr)
     print(json.dumps(cfg, indent=2, default=str))
     return 0
 
@@ -65,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     url_help = "redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)"
     t = sub.add_parser("train", help="train on this machine: Redis, coordinator and workers as child processes")
-    t.add_argument("config", help="config file (e.g. deploy/configs/cartpole_dqn.py)")
+    t.add_argument("config", help="config file (see deploy/configs/)")
     t.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
     t.add_argument("--collectors", type=int, default=2, help="collector tasks at once (default 2); one more collector worker starts for evaluation")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
@@ -90,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The modules below import only the standard library at load time (torch etc. come later).
     from coordinator import clean, curve, evaluate
 
-    e = sub.add_parser("eval", help="play greedy episodes with final.pt or a learner checkpoint (optionally film them)")
+    e = sub.add_parser("eval", help="play deterministic episodes with a saved final.pt (optionally film them)")
     evaluate.add_arguments(e)
     e.set_defaults(func=cmd_eval)
 
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as e:
+    except (ConfigError, spaces.SpaceError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 1
     except RedisUnavailable as e:

@@ -22,8 +22,8 @@ The loop a commander serves (driven by coordinator/daemon.py)::
   the latest checkpoint instead of stranding the collectors; failed tasks are replaced simply
   because their space is released (the daemon asks for new tasks every loop);
 * the learner-info history is bounded instead of growing for the whole run;
-* env steps for the epsilon schedule also count the learner's live ``collector_envstep``, so
-  long collector tasks do not freeze epsilon until they finish.
+* env steps for the collect setting (an exploration schedule, say) also count the learner's
+  live ``collector_envstep``, so long collector tasks do not freeze the schedule until they finish.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from easydict import EasyDict
 
-from common.policy import create_policy
+from common.policy import algorithm_of
 from common.registry import COMMANDER_REGISTRY
 from common.task_space import TaskSpace
 
@@ -111,8 +111,7 @@ class SoloCommander(BaseCommander):
         self._clock = clock
         self._collector_task_space = TaskSpace(0, self._commander_cfg.collector_task_space)
         self._learner_task_space = TaskSpace(0, self._commander_cfg.learner_task_space)
-        self._learner_info: deque[dict] = deque([{"learner_step": 0}], maxlen=_LEARNER_INFO_HISTORY)
-        self._collector_info: deque[dict] = deque(maxlen=_LEARNER_INFO_HISTORY)
+        self._learner_info: deque[dict] = deque([{"train_iter": 0}], maxlen=_LEARNER_INFO_HISTORY)
         self._evaluator_info: list[dict] = []
         self._total_collector_env_step = 0
         self._current_buffer_id: Optional[str] = None
@@ -121,7 +120,7 @@ class SoloCommander(BaseCommander):
         self._eval_in_flight: Optional[str] = None
         self._eval_own_slot = False  # the eval in flight holds the eval slot, not collector space
         self._last_eval = {"time": self._clock(), "train_iter": 0, "envstep": 0}
-        self._policy = create_policy(cfg, enable_field=("command",)).command_mode
+        self._algorithm = algorithm_of(cfg)  # torch-free: defaults and the collect setting
         self._tb_logger = tb_logger
         self._logger = logger
         self._end_flag = False
@@ -135,7 +134,7 @@ class SoloCommander(BaseCommander):
 
     @property
     def train_iter(self) -> int:
-        return int(self._learner_info[-1].get("learner_step", 0))
+        return int(self._learner_info[-1].get("train_iter", 0))
 
     def _eval_due(self) -> bool:
         c = self._commander_cfg
@@ -167,7 +166,8 @@ class SoloCommander(BaseCommander):
             self._eval_in_flight = task_id
             self._eval_own_slot = own_slot
             self._last_eval = {"time": self._clock(), "train_iter": self.train_iter, "envstep": self.total_envstep}
-        info = dict(self._learner_info[-1], envstep=self.total_envstep)
+        info = {"envstep": self.total_envstep, "train_iter": self.train_iter,
+                "collectors": self._collector_task_space.max_val}
         return {
             "task_id": task_id,
             "task_type": "collector",
@@ -176,7 +176,7 @@ class SoloCommander(BaseCommander):
             "buffer_id": self._current_buffer_id,
             "policy_id": self._current_policy_id,
             "eval_flag": eval_flag,
-            "collect_setting": self._policy.get_setting_collect(info),
+            "collect_setting": self._algorithm.collect_setting(self._cfg.policy, info),
             "envstep": self.total_envstep,
             "seed": self._next_seed(),
             "config": _plain(self._cfg),
@@ -217,7 +217,7 @@ class SoloCommander(BaseCommander):
         self._release_collector_slot(task_id)
         is_eval = bool(finished_task["eval_flag"])
         kind = "evaluator" if is_eval else "collector"
-        train_iter = int(finished_task["train_iter"])
+        train_iter = int(finished_task["policy_version"])  # the version the task acted with
         info = {
             "train_iter": train_iter,
             "episode_count": finished_task["real_episode_count"],
@@ -230,7 +230,6 @@ class SoloCommander(BaseCommander):
         }
         if not is_eval:
             self._total_collector_env_step += int(finished_task["step_count"])
-            self._collector_info.append(dict(finished_task))
         if self._logger is not None:
             self._logger.info("[%s] %s ends: %s", kind.upper(), task_id, ", ".join(f"{k}={v}" for k, v in info.items()))
         if self._tb_logger is not None:
@@ -240,7 +239,7 @@ class SoloCommander(BaseCommander):
                 self._tb_logger.add_scalar(f"{kind}_iter/{k}", v, train_iter)
                 self._tb_logger.add_scalar(f"{kind}_step/{k}", v, self.total_envstep)
         if is_eval:
-            record = dict(finished_task, envstep=self.total_envstep, time=self._clock())
+            record = dict(finished_task, envstep=self.total_envstep, time=self._clock(), train_iter=train_iter)
             self._evaluator_info.append(record)
             stop_value = self._cfg.env.stop_value
             if stop_value is not None and finished_task["reward_mean"] >= stop_value:
@@ -266,7 +265,7 @@ class SoloCommander(BaseCommander):
         self._current_buffer_id = None
         self._current_policy_id = None
         self._resume_learner = False
-        self._learner_info = deque([{"learner_step": 0}], maxlen=_LEARNER_INFO_HISTORY)
+        self._learner_info = deque([{"train_iter": 0}], maxlen=_LEARNER_INFO_HISTORY)
         self._evaluator_info = []
         self._last_eval = {"time": self._clock(), "train_iter": 0, "envstep": 0}
         return buffer_id
@@ -281,7 +280,7 @@ class SoloCommander(BaseCommander):
         self._resume_learner = True
 
     def update_learner_info(self, task_id: str, info: dict) -> None:
-        """Append a learner report (``learner_step``, ``collector_envstep``, ...) to the bounded history."""
+        """Append a learner report (``train_iter``, ``collector_envstep``, ...) to the bounded history."""
         self._learner_info.append(dict(info))
 
     def increase_collector_task_space(self) -> None:
@@ -317,7 +316,7 @@ class SoloCommander(BaseCommander):
         for name in ("collector_task_space", "learner_task_space"):
             space = getattr(self, f"_{name}")
             space.min_val, space.max_val, space.cur = (state[name][k] for k in ("min_val", "max_val", "cur"))
-        self._learner_info = deque(state["learner_info"] or [{"learner_step": 0}], maxlen=_LEARNER_INFO_HISTORY)
+        self._learner_info = deque(state["learner_info"] or [{"train_iter": 0}], maxlen=_LEARNER_INFO_HISTORY)
         self._total_collector_env_step = int(state["total_collector_env_step"])
         self._evaluator_info = list(state["evaluator_info"])
         self._current_buffer_id = state["current_buffer_id"]

@@ -143,7 +143,7 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
                 try:
                     point = {"envstep": envstep, "reward_mean": float(ev["reward_mean"]),
                              "reward_std": float(ev.get("reward_std", 0.0)), "time": float(ev["ts"]),
-                             "train_iter": int(ev.get("train_iter", 0))}
+                             "train_iter": int(ev.get("policy_version", 0))}
                 except (KeyError, TypeError, ValueError):
                     continue  # a malformed entry: the coordinator drops it too
                 seen.add(tid)

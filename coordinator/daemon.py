@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -36,19 +35,20 @@ from typing import Any, Optional
 
 import redis
 from easydict import EasyDict
+from redis.exceptions import LockError
+from redis.lock import Lock
 from rq import Queue
 from rq.job import Callback, Job, JobStatus
 
-from common import blobstore, events, keys, serialization, streams
+from common import blobstore, events, keys, lease, serialization, streams
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
-from workers.task import grant_lease
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 _JOB_FUNC = {"collector": "workers.collector.run_collector_task", "learner": "workers.learner.run_learner_task"}
 _QUEUE = {"collector": keys.COLLECTOR_QUEUE, "learner": keys.LEARNER_QUEUE}
-_ALIVE_TTL_MS = 6_000
+_ALIVE_TTL_S = 6.0
 
 
 class CoordinatorError(RuntimeError):
@@ -71,6 +71,7 @@ class Coordinator:
         self.exp = cfg.exp_name
         self.out = Path(out_dir) / self.exp
         self.name = f"coordinator-{socket.gethostname()}-{os.getpid()}"
+        self.lock = Lock(conn, keys.coordinator_alive(self.exp), timeout=_ALIVE_TTL_S, thread_local=False)
         self.run_id = uuid.uuid4().hex[:12]
         self.log = build_logger(self.out / "log" / "commander", "coordinator", console=True)
         self.tb = build_tb_writer(self.out / "log" / "commander")
@@ -85,7 +86,7 @@ class Coordinator:
         self._failures_in_a_row = 0
         self._last_failure = ""
         self._dirty: set[str] = set()  # task ids whose record changed since the last _persist
-        self._drop_leases: list[str] = []  # leases to delete with the next _persist
+        self._drop_leases: list[str] = []  # task ids whose leases the next _persist revokes
         self._last_liveness = time.monotonic()
         self._grace_until = 0.0
         self.resumed = False
@@ -93,15 +94,13 @@ class Coordinator:
     # ------------------------------------------------------------------ lifecycle
     def _claim(self) -> None:
         key = keys.coordinator_alive(self.exp)
-        # A killed coordinator's key expires within _ALIVE_TTL_MS; a live one keeps refreshing it.
-        deadline = time.monotonic() + _ALIVE_TTL_MS / 1000 + 1
-        while not self.conn.set(key, self.name, nx=True, px=_ALIVE_TTL_MS):
-            if time.monotonic() > deadline:
-                owner = self.conn.get(key)
-                raise CoordinatorError(
-                    f"experiment {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
-                    "stop it or choose another exp_name")
-            time.sleep(0.5)  # waiting for a key to expire: Redis offers nothing to block on
+        # A killed coordinator's lock expires within _ALIVE_TTL_S; a live one keeps extending it.
+        # The token is our name, so `rqrl status` and `redis-cli GET` show who owns the experiment.
+        if not self.lock.acquire(blocking=True, blocking_timeout=_ALIVE_TTL_S + 1, token=self.name):
+            owner = self.conn.get(key)
+            raise CoordinatorError(
+                f"experiment {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
+                "stop it or choose another exp_name")
         state_raw = self.conn.hget(keys.commander(self.exp), "state")
         run = self.conn.get(keys.run(self.exp))
         if state_raw and run and not self.conn.exists(keys.stop(self.exp)) and not self.fresh:
@@ -151,21 +150,21 @@ class Coordinator:
             pipe.hset(keys.tasks(self.exp), mapping=changed)
         if gone:
             pipe.hdel(keys.tasks(self.exp), *gone)
-        if self._drop_leases:
-            pipe.delete(*self._drop_leases)
+        lease.revoke(pipe, self.exp, *self._drop_leases)
         self._dirty.clear()
         self._drop_leases.clear()
         return pipe
 
     def _keep_alive(self) -> None:
-        key = keys.coordinator_alive(self.exp)
-        owner = self.conn.get(key)
-        if owner is not None and owner.decode() != self.name:
-            raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode()}")
         if not self.conn.exists(keys.run(self.exp)):
             raise CoordinatorError(f"Redis lost the state of experiment {self.exp!r} (key {keys.run(self.exp)} is gone): "
                                    "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
-        self.conn.set(key, self.name, px=_ALIVE_TTL_MS)
+        try:
+            # Re-set the full TTL; fails atomically when another coordinator holds the key now.
+            self.lock.reacquire()
+        except LockError:
+            owner = self.conn.get(keys.coordinator_alive(self.exp))
+            raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode() if owner else 'nobody'}") from None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._signal = signum
@@ -186,9 +185,9 @@ class Coordinator:
                 signal.signal(s, h)
             self.tb.close()
             try:
-                self.conn.delete(keys.coordinator_alive(self.exp))
-            except redis.RedisError:
-                pass
+                self.lock.release()
+            except (LockError, redis.RedisError):
+                pass  # expired or taken over: nothing of ours to release
 
     def _loop(self) -> tuple[int, str]:
         c = self.cfg.commander
@@ -246,7 +245,7 @@ class Coordinator:
             at_front=bool(task.get("eval_flag")),  # an eval should not wait behind training tasks
             pipeline=pipe,
         )
-        grant_lease(self.conn, self.exp, task["task_id"], timeout + 3600, pipe=pipe)
+        lease.grant(pipe, self.exp, task["task_id"], timeout + 3600)
         self.log.info("dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
 
     # ------------------------------------------------------------------ events
@@ -290,12 +289,13 @@ class Coordinator:
         elif etype == "finished":
             del self.running[tid]
             self._dirty.add(tid)
-            self._drop_leases.append(keys.lease(self.exp, tid))
+            self._drop_leases.append(tid)
             self._failures_in_a_row = 0
             if kind == "collector":
                 return self.commander.finish_collector_task(tid, ev)
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
-                                                     "expired", "corrupt", "malformed") if k in ev}
+                                                     "expired", "corrupt", "malformed", "stale_chunks", "stale_rows",
+                                                     "policy_lag_p50", "policy_lag_p95", "policy_lag_max") if k in ev}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
             self._fail(tid, ev.get("error", "unknown error"))
@@ -305,7 +305,7 @@ class Coordinator:
         entry = self.running.pop(tid)
         self._dirty.add(tid)
         # Revoked in the same transaction as the state change: a zombie task can no longer write.
-        self._drop_leases.append(keys.lease(self.exp, tid))
+        self._drop_leases.append(tid)
         self._failures_in_a_row += 1
         self._last_failure = f"{entry['kind']} task {tid}: {reason}"
         self.log.warning("%s task %s failed: %s; its space is freed and a replacement will be issued",
@@ -418,17 +418,16 @@ class Coordinator:
         for t in waiting:
             entry = self.running.pop(t)
             self._dirty.add(t)
-            self._drop_leases.append(keys.lease(self.exp, t))
+            self._drop_leases.append(t)
             if entry["kind"] == "collector":
                 self.commander.notify_fail_collector_task(entry["task"])
         self._persist(self.conn.pipeline(transaction=True)).execute()
 
     def _export_final(self) -> Optional[Path]:
-        """Write ``final.pt``: the network's state_dict (``torch.load(..., weights_only=True)``).
+        """Write ``final.pt`` (common/policy/export.py: the acting weights, algorithm, config and spaces).
 
         The learner's ``final_model`` checkpoint is copied byte for byte (no torch import here);
-        if the learner never finished, the ``latest`` checkpoint or the last published policy is
-        converted instead.
+        if the learner never finished, the last published policy version is exported instead.
         """
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "final.pt"
@@ -436,19 +435,16 @@ class Coordinator:
         if got is not None:
             path.write_bytes(got[1])
             return path
-        import torch
+        policy_id = self._at_stop.get("policy_id", "")
+        got = blobstore.get_versioned(self.conn, keys.policy(self.exp, policy_id)) if policy_id else None
+        if got is None:
+            self.log.warning("no final checkpoint or published policy to export")
+            return None
+        from common import spaces
+        from common.policy import export
 
-        got = blobstore.get_versioned(self.conn, keys.ckpt(self.exp, "latest"))
-        if got is not None:
-            state = torch.load(io.BytesIO(got[1]), map_location="cpu", weights_only=True)["policy"]["model"]
-        else:
-            policy_id = self._at_stop.get("policy_id", "")
-            got = blobstore.get_versioned(self.conn, keys.policy(self.exp, policy_id)) if policy_id else None
-            if got is None:
-                self.log.warning("no checkpoint or policy to export")
-                return None
-            arrays = serialization.loads(got[1], what=keys.policy(self.exp, policy_id))
-            state = {k: torch.from_numpy(v) for k, v in arrays.items()}
-        self.log.warning("the learner left no final checkpoint; final.pt comes from the latest weights")
-        torch.save(state, path)
+        weights = serialization.loads(got[1], what=keys.policy(self.exp, policy_id))
+        bundle = export.from_weights(self.cfg, spaces.probe(self.cfg), weights, int(got[0]["version"]))
+        self.log.warning("the learner left no final checkpoint; final.pt holds the last published policy version")
+        path.write_bytes(export.to_bytes(bundle))
         return path

@@ -1,19 +1,15 @@
-"""``rqrl eval``: play greedy episodes with a saved policy, report its return, optionally film it.
+"""``rqrl eval``: play a saved policy's deterministic episodes, report its return, optionally film it.
 
-Accepted files (both loaded with ``torch.load(path, weights_only=True)``):
-
-* ``final.pt`` as the coordinator writes it: the Q-network's ``state_dict`` (``encoder.0.weight``, ...);
-* a learner checkpoint: ``{"policy": {"model": <state_dict>, ...}, "last_iter": ..., ...}``
-  (also a bare policy state ``{"model": <state_dict>, ...}``).
-
-The network's hidden sizes and dueling head are read from the tensor shapes, so a checkpoint
-trained with another ``policy.model`` than the config's still loads; its input and output sizes
-must match the env's observation and action spaces (the error names the tensor that does not).
+The file is a run's ``final.pt`` (common/policy/export.py): the acting weights with the
+algorithm name, config and env spaces they were trained with, so any registered algorithm
+plays the same way and no ``--config`` is needed. ``--config`` swaps in another env section
+(e.g. another ``max_episode_steps``); a bare ``state_dict`` of tensors needs the run's config.
+Files are read with ``torch.load(path, weights_only=True)``; non-finite weights are refused.
 
 Usage::
 
     rqrl eval cartpole_dqn/final.pt --episodes 10
-    rqrl eval cartpole_dqn/final.pt --config deploy/configs/cartpole_dqn.py --video cartpole.gif
+    rqrl eval cartpole_ppo/final.pt --video cartpole.gif
 
 Heavy imports (torch, gymnasium) happen inside the functions, so building the ``rqrl`` parser
 stays fast.
@@ -25,7 +21,6 @@ import argparse
 import importlib.util
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -76,97 +71,52 @@ def _first_line(e: BaseException, limit: int = 200) -> str:
     return f"{type(e).__name__}: {line[:limit]}" if line else type(e).__name__
 
 
-def load_q_state(path: str | Path) -> tuple[dict[str, Any], str]:
-    """The Q-network ``state_dict`` stored in ``path`` and what kind of file it was.
+@dataclass
+class Saved:
+    """What a policy file holds: the acting weights, and (for an rqrl final.pt) how to rebuild the policy."""
 
-    Returns:
-        ``(state_dict, kind)`` with ``kind`` ``"Q-network state_dict"``, ``"learner checkpoint"``
-        or ``"policy state"``.
+    weights: dict[str, Any]
+    kind: str
+    config: Optional[dict[str, Any]] = None
+    spaces: Optional[dict[str, Any]] = None
+    train_iter: Optional[int] = None
+
+
+def load_saved(path: str | Path) -> Saved:
+    """Read ``final.pt`` (common/policy/export.py) or a bare ``state_dict`` of tensors.
 
     Raises:
-        EvalError: missing file, not a torch file, not loadable with ``weights_only=True``, or
-            neither layout; the message names the file.
+        EvalError: missing file, not loadable with ``torch.load(weights_only=True)``, another
+            layout, or a non-finite tensor; the message names the file and the tensor.
     """
     import torch
 
+    from common.policy import export
+
     p = Path(path)
     if not p.exists():
-        raise EvalError(f"checkpoint file {str(p)!r} does not exist")
+        raise EvalError(f"policy file {str(p)!r} does not exist")
     if not p.is_file():
-        raise EvalError(f"checkpoint {str(p)!r} is not a file")
+        raise EvalError(f"policy file {str(p)!r} is not a file")
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        obj = export.load(p)
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
-        raise EvalError(f"{p}: not a torch checkpoint loadable with torch.load(weights_only=True) "
-                        f"({_first_line(e)})") from None
-    if isinstance(obj, dict) and isinstance(obj.get("policy"), dict) and isinstance(obj["policy"].get("model"), dict):
-        state, kind = obj["policy"]["model"], "learner checkpoint"
-    elif isinstance(obj, dict) and isinstance(obj.get("model"), dict):
-        state, kind = obj["model"], "policy state"
+        raise EvalError(f"{p}: not a torch file loadable with torch.load(weights_only=True) ({_first_line(e)})") from None
+    if export.is_bundle(obj):
+        saved = Saved(obj["weights"], f"{obj.get('algorithm')} policy", obj.get("config"), obj.get("spaces"),
+                      obj.get("train_iter"))
     elif isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        state, kind = obj, "Q-network state_dict"
+        saved = Saved(obj, "state_dict")
     else:
         what = f"top-level keys {sorted(map(str, obj))[:8]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
-        raise EvalError(f"{p}: holds neither a Q-network state_dict (keys like 'encoder.0.weight') nor a "
-                        f"learner checkpoint ('policy' -> 'model'); found {what}")
-    for k, v in state.items():
+        raise EvalError(f"{p}: holds neither an rqrl final.pt (format {export.FORMAT!r}) nor a state_dict of "
+                        f"tensors; found {what}")
+    for k, v in saved.weights.items():
         if not isinstance(v, torch.Tensor):
-            raise EvalError(f"{p}: entry {k!r} of the {kind} is a {type(v).__name__}, not a tensor")
-    return state, kind
-
-
-_ENCODER = re.compile(r"^encoder\.(\d+)\.(weight|bias)$")
-
-
-def infer_model(state: dict[str, Any], where: str) -> dict[str, Any]:
-    """``policy.model`` (obs_shape, action_shape, hidden_size_list, dueling) read from a QNetwork state_dict.
-
-    Raises:
-        EvalError: unexpected or missing tensors, or layers whose shapes do not chain; names the tensor.
-    """
-    layers: dict[int, dict[str, Any]] = {}
-    heads = {"advantage.weight", "advantage.bias", "value.weight", "value.bias", "head.weight", "head.bias"}
-    unexpected = []
-    for k, v in state.items():
-        m = _ENCODER.match(k)
-        if m:
-            layers.setdefault(int(m.group(1)), {})[m.group(2)] = v
-        elif k not in heads:
-            unexpected.append(k)
-    if unexpected:
-        raise EvalError(f"{where}: unexpected tensor(s) {sorted(unexpected)[:5]} for a DQN Q-network "
-                        "(expected encoder.N.weight/bias and advantage/value or head)")
-
-    hidden: list[int] = []
-    in_dim: Optional[int] = None
-    for pos, idx in enumerate(sorted(layers)):
-        if idx != 2 * pos:
-            raise EvalError(f"{where}: tensor 'encoder.{idx}.*' is out of place (Linear layers sit at "
-                            f"encoder.0, encoder.2, ...; expected encoder.{2 * pos})")
-        w = layers[idx].get("weight")
-        if w is None or w.dim() != 2:
-            raise EvalError(f"{where}: tensor 'encoder.{idx}.weight' is missing or not 2-D")
-        if in_dim is None:
-            in_dim = int(w.shape[1])
-        elif int(w.shape[1]) != hidden[-1]:
-            raise EvalError(f"{where}: tensor 'encoder.{idx}.weight' has shape {tuple(w.shape)} but the "
-                            f"previous layer outputs {hidden[-1]}")
-        hidden.append(int(w.shape[0]))
-
-    dueling = "advantage.weight" in state
-    out_key = "advantage.weight" if dueling else "head.weight"
-    if out_key not in state:
-        raise EvalError(f"{where}: no output layer: expected 'advantage.weight' + 'value.weight' (dueling) or 'head.weight'")
-    out_w = state[out_key]
-    if out_w.dim() != 2:
-        raise EvalError(f"{where}: tensor {out_key!r} has shape {tuple(out_w.shape)}, expected 2-D")
-    last = hidden[-1] if hidden else int(out_w.shape[1])
-    if int(out_w.shape[1]) != last:
-        raise EvalError(f"{where}: tensor {out_key!r} has shape {tuple(out_w.shape)} but the last hidden layer outputs {last}")
-    if dueling and "value.weight" not in state:
-        raise EvalError(f"{where}: dueling head without tensor 'value.weight'")
-    return {"obs_shape": in_dim if in_dim is not None else last, "action_shape": int(out_w.shape[0]),
-            "hidden_size_list": hidden, "dueling": dueling}
+            raise EvalError(f"{p}: weight {k!r} is a {type(v).__name__}, not a tensor")
+        if not bool(torch.isfinite(v).all()):
+            raise EvalError(f"{p}: weight {k!r} holds NaN or inf values; refusing to play a diverged policy")
+    return saved
 
 
 # ---------------------------------------------------------------------------- video
@@ -247,86 +197,71 @@ def _make_env(env_id: str, env_kwargs: dict[str, Any], render: bool) -> Any:
         raise EvalError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): {_first_line(e)}") from None
 
 
-def _check_spaces(env: Any, env_id: str, model: dict[str, Any], where: str) -> None:
-    import gymnasium as gym
-    import numpy as np
-
-    obs_space, act_space = env.observation_space, env.action_space
-    if not isinstance(act_space, gym.spaces.Discrete):
-        raise EvalError(f"env {env_id!r} has action space {act_space}; a DQN policy needs a Discrete one")
-    if obs_space.shape is None:
-        raise EvalError(f"env {env_id!r} has observation space {obs_space} without a shape")
-    obs_dim = int(np.prod(obs_space.shape))
-    first = "encoder.0.weight" if model["hidden_size_list"] else ("advantage.weight" if model["dueling"] else "head.weight")
-    out = "advantage.weight" if model["dueling"] else "head.weight"
-    if model["obs_shape"] != obs_dim:
-        raise EvalError(f"{where}: tensor {first!r} takes {model['obs_shape']}-dim observations but env {env_id!r} "
-                        f"gives {obs_dim} (shape {obs_space.shape}); pass the training config with --config")
-    if model["action_shape"] != int(act_space.n):
-        raise EvalError(f"{where}: tensor {out!r} outputs {model['action_shape']} actions but env {env_id!r} "
-                        f"has {int(act_space.n)}; pass the training config with --config")
-
-
 def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[int] = None, seed: Optional[int] = None,
-                        video: str | Path | None = None, video_episodes: int = 1) -> EvalResult:
-    """Play ``episodes`` greedy episodes with the policy saved in ``path``.
+                        video: str | Path | None = None, video_episodes: int = 1, overrides: tuple[str, ...] = ()) -> EvalResult:
+    """Play ``episodes`` deterministic episodes with the policy saved in ``path``.
 
     Args:
-        path: ``final.pt`` or a learner checkpoint (see module docstring).
-        cfg: a compiled config (``common.config``); default ``compile_config({"exp_name": "eval"})``.
+        path: ``final.pt`` (its own config and spaces rebuild the policy) or a bare state_dict
+            (then ``cfg`` must describe the policy that made it).
+        cfg: a compiled config; with a final.pt only its ``env`` section is used (to play the
+            policy on another env variant); default: the final.pt's, else the built-in defaults.
         episodes: number of episodes; default ``cfg.env.n_evaluator_episode``.
         seed: episode ``i`` resets with seed ``seed + i``; default ``cfg.seed``.
         video: a ``.gif`` or ``.mp4`` path; the first ``video_episodes`` episodes are filmed.
+        overrides: ``KEY=VALUE`` config overrides applied last.
 
     Raises:
-        EvalError: see :func:`load_q_state`, :func:`infer_model`; env and video problems.
+        EvalError: see :func:`load_saved`; a policy that does not fit the env, env and video problems.
     """
-    import copy
-
     import numpy as np
 
-    from common.config import compile_config
+    from common import spaces
+    from common.config import ConfigError, apply_overrides, compile_config
     from common.policy import create_policy
 
-    if cfg is None:
-        cfg = compile_config({"exp_name": DEFAULT_EXP})
-    episodes = int(cfg.env.n_evaluator_episode if episodes is None else episodes)
-    if episodes < 1:
-        raise EvalError(f"--episodes must be >= 1, got {episodes}")
-    seed = int(cfg.seed if seed is None else seed)
     video_path = Path(video) if video else None
     backend = _video_backend(video_path) if video_path else None
     if video_path and video_episodes < 1:
         raise EvalError(f"--video-episodes must be >= 1, got {video_episodes}")
-
     where = str(path)
-    state, kind = load_q_state(path)
-    cfg = copy.deepcopy(cfg)
+    saved = load_saved(path)
     notes: list[str] = []
-    ptype = (cfg.get("create") or {}).get("policy", {}).get("type", "dqn")
-    if ptype == "dqn":
-        model = infer_model(state, where)
-        want = cfg.policy.model
-        if list(want.hidden_size_list) != model["hidden_size_list"] or bool(want.dueling) != model["dueling"]:
-            notes.append(f"the {kind} has hidden_size_list {model['hidden_size_list']}, dueling {model['dueling']} "
-                         f"(config: {list(want.hidden_size_list)}, {bool(want.dueling)}); using the {kind}'s")
-        cfg.policy.model.update(model)
+    try:
+        if saved.config is not None:
+            own = compile_config({k: v for k, v in saved.config.items() if k != "create"}, saved.config.get("create"))
+            if cfg is not None:
+                own.env = cfg.env
+            cfg = own
+        elif cfg is None:
+            cfg = compile_config({"exp_name": DEFAULT_EXP})
+            notes.append(f"{where} is a bare state_dict: assuming the built-in defaults (pass the run's config with --config)")
+        if overrides:
+            cfg = apply_overrides(cfg, list(overrides))
+        spec = spaces.probe(cfg)
+    except (ConfigError, spaces.SpaceError) as e:
+        raise EvalError(str(e)) from None
+    if saved.spaces is not None and spec != spaces.SpaceSpec.from_dict(dict(saved.spaces, env_id=spec.env_id)):
+        raise EvalError(f"{where}: the policy was trained on spaces {saved.spaces} but env {cfg.env.env_id!r} has "
+                        f"{spec.to_dict()}")
+    episodes = int(cfg.env.n_evaluator_episode if episodes is None else episodes)
+    if episodes < 1:
+        raise EvalError(f"--episodes must be >= 1, got {episodes}")
+    seed = int(cfg.seed if seed is None else seed)
+    try:
+        spaces.check_model(cfg, spec)
+        policy = create_policy(cfg, spec, modes=("eval",), device="cpu")
+        policy.set_weights({k: v.detach().to("cpu").float().numpy() for k, v in saved.weights.items()})
+    except (ValueError, KeyError) as e:
+        raise EvalError(f"{where}: {e}") from None
 
     env = _make_env(cfg.env.env_id, dict(cfg.env.env_kwargs), render=video_path is not None)
     writer: Optional[_VideoWriter] = None
     try:
-        if ptype == "dqn":
-            _check_spaces(env, cfg.env.env_id, dict(cfg.policy.model), where)
-        policy = create_policy(cfg, enable_field=("eval",), device="cpu")
-        try:
-            policy.load_weights({k: v.detach().to("cpu").float().numpy() for k, v in state.items()})
-        except ValueError as e:
-            raise EvalError(f"{where}: {e}") from None
-
         if video_path is not None:
             video_path.parent.mkdir(parents=True, exist_ok=True)
             writer = _VideoWriter(video_path, backend, (env.metadata or {}).get("render_fps") or 30)
-        max_s = float(cfg.policy.get("eval", {}).get("evaluator", {}).get("max_episode_seconds", 60.0) or 0)
+        max_s = float(cfg.policy.eval.evaluator.max_episode_seconds or 0)
         returns: list[float] = []
         lengths: list[int] = []
         for i in range(episodes):
@@ -336,7 +271,7 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
                 writer.add(_render(env, cfg.env.env_id))
             ret, length, start = 0.0, 0, time.monotonic()
             while True:
-                action = int(policy.greedy(np.asarray(obs, dtype=np.float32).reshape(1, -1))[0])
+                action = policy.act_eval(spec.obs_batch(np.asarray(obs)[None]))[0]
                 obs, reward, terminated, truncated, _ = env.step(action)
                 ret += float(reward)
                 length += 1
@@ -374,13 +309,14 @@ def _render(env: Any, env_id: str) -> Any:
 # ---------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``rqrl eval`` arguments (shared by ``rqrl eval`` and ``python -m coordinator.evaluate``)."""
-    p.add_argument("checkpoint", help="final.pt (a Q-network state_dict) or a learner checkpoint file")
+    p.add_argument("checkpoint", help="a run's final.pt (or a bare state_dict, with --config)")
     p.add_argument("--config", default=None,
-                   help="config file of the run (env, model); default: the built-in CartPole-v1 DQN defaults")
+                   help="config file: its env section replaces the final.pt's (a bare state_dict needs the run's "
+                        "config); default: what the final.pt holds")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set env.env_kwargs.max_episode_steps=1000")
     p.add_argument("--episodes", type=int, default=None,
-                   help="greedy episodes to play (default: env.n_evaluator_episode, 5)")
+                   help="episodes to play (default: env.n_evaluator_episode of the config)")
     p.add_argument("--seed", type=int, default=None, help="episode i resets with seed SEED+i (default: the config's seed)")
     p.add_argument("--video", default=None, metavar="OUT.gif|OUT.mp4",
                    help="film the first episode(s): .gif with Pillow; .mp4 needs imageio[ffmpeg] or moviepy")
@@ -389,15 +325,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``rqrl eval`` from parsed arguments; prints the result; returns the exit code (0, or 1 on errors)."""
-    from common.config import ConfigError, apply_overrides, compile_config, load_config
+    from common.config import ConfigError, load_config
 
     try:
-        if args.config:
-            cfg = load_config(args.config)
-        else:
-            cfg = compile_config({"exp_name": DEFAULT_EXP})
-        if args.overrides:
-            cfg = apply_overrides(cfg, list(args.overrides))
+        cfg = load_config(args.config) if args.config else None
         if args.video:
             # Classic-control envs render through pygame/SDL: no window, no audio device needed.
             os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -405,7 +336,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(1)  # one observation at a time: threads only add overhead
-        result = evaluate_checkpoint(args.checkpoint, cfg, args.episodes, args.seed, args.video, args.video_episodes)
+        result = evaluate_checkpoint(args.checkpoint, cfg, args.episodes, args.seed, args.video, args.video_episodes,
+                                     tuple(args.overrides))
     except (EvalError, ConfigError) as e:
         print(f"rqrl eval: error: {e}", file=sys.stderr)
         return 1
@@ -418,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rqrl eval", description="Play greedy episodes with a saved rqrl policy.")
+    p = argparse.ArgumentParser(prog="rqrl eval", description="Play deterministic episodes with a saved rqrl policy.")
     add_arguments(p)
     return run(p.parse_args(argv))
 

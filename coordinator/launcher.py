@@ -60,7 +60,7 @@ class Progress:
     def update(self, ev: dict[str, Any]) -> None:
         if ev.get("type") == "learner_info":
             self.envstep = max(self.envstep, int(ev.get("collector_envstep", 0)))
-            self.train_iter = max(self.train_iter, int(ev.get("learner_step", 0)))
+            self.train_iter = max(self.train_iter, int(ev.get("train_iter", 0)))
         elif ev.get("type") == "finished" and ev.get("eval_flag") is True:
             self.eval = float(ev.get("reward_mean", 0.0))
 

@@ -26,7 +26,16 @@ def _throughput(conn: redis.Redis, exp: str, window_s: float = 60.0) -> dict[str
     a, b = infos[0], infos[-1]
     dt = max(1e-6, float(b["ts"]) - float(a["ts"]))
     return {"env_steps_per_s": round((int(b["collector_envstep"]) - int(a["collector_envstep"])) / dt, 1),
-            "train_iter_per_s": round((int(b["learner_step"]) - int(a["learner_step"])) / dt, 1)}
+            "train_iter_per_s": round((int(b["train_iter"]) - int(a["train_iter"])) / dt, 1)}
+
+
+def _learner_figures(conn: redis.Redis, exp: str) -> dict[str, Any]:
+    """Policy lag (train iterations) and stale chunks from the newest learner_info event."""
+    for _, f in conn.xrevrange(keys.events(exp), count=200):
+        ev = streams.decode_fields(f)
+        if ev.get("type") == "learner_info":
+            return {k: ev[k] for k in ("policy_lag_p50", "policy_lag_p95", "policy_lag_max", "stale_chunks") if k in ev}
+    return {}
 
 
 def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, Any]:
@@ -56,6 +65,7 @@ def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, An
             "coordinator": (conn.get(keys.coordinator_alive(e)) or b"").decode(),
             "tasks_alive": sorted(tasks, key=lambda t: t["task_id"]),
             "throughput_1min": _throughput(conn, e),
+            "learner": _learner_figures(conn, e),
         }
     return out
 
@@ -82,6 +92,11 @@ def render(status: dict[str, Any]) -> str:
                          f"  converged {s.get('converged', False)}")
         t = info["throughput_1min"]
         lines.append(f"  last minute: {t['env_steps_per_s']} env steps/s, {t['train_iter_per_s']} train iter/s")
+        lf = info.get("learner") or {}
+        if "policy_lag_p50" in lf:
+            lines.append(f"  policy lag (train iters) p50 {lf['policy_lag_p50']:g}  p95 {lf['policy_lag_p95']:g}  "
+                         f"max {lf['policy_lag_max']:g}" + (f"  stale chunks dropped {lf['stale_chunks']}"
+                                                            if "stale_chunks" in lf else ""))
         for task in info["tasks_alive"]:
             lines.append(f"  task {task['task_id']:<40} heartbeat ttl {task['heartbeat_ttl_s']} s")
     return "\n".join(lines)

@@ -2,12 +2,14 @@
 
 ``rq worker collector`` runs :func:`run_collector_task` with a task dict from the commander.
 
-A training task acts epsilon-greedily (epsilon from the task's ``collect_setting``), packs
-n-step transitions into chunks of ``policy.collect.n_sample`` stacked rows (one msgpack blob
-plus one metadata entry on the buffer's stream each), refreshes its weights whenever the
-learner publishes a newer version, and ends after ``task_env_steps`` env steps or at the stop
-flag. An eval task (``eval_flag``) plays ``env.n_evaluator_episode`` greedy episodes, counts
-each exactly once and sends no training data. Both report the seed's finish info.
+A training task acts with the policy (``policy.act`` with the task's ``collect_setting``, e.g.
+an exploration rate), turns steps into rows with the policy's adder, packs them into chunks of at
+least ``policy.collect.n_sample`` rows (one msgpack blob plus one metadata entry on the
+buffer's stream each, tagged with the policy version that produced them), refreshes its
+weights whenever the learner publishes a newer version (on-policy algorithms wait for it after
+each chunk), and ends after ``task_env_steps`` env steps or at the stop flag. An eval task
+(``eval_flag``) plays ``env.n_evaluator_episode`` deterministic episodes, counts each exactly
+once and sends no training data. Both report the seed's finish info.
 """
 
 from __future__ import annotations
@@ -20,36 +22,41 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from common import events
-from common.policy import create_policy
-from common.policy.dqn import TRANSITION_FIELDS, transition_schema
+from common import events, spaces
+from common.policy import algorithm_of, create_policy
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, make_vector_env, step, true_next_obs
 from workers.task import Heartbeat, is_stale, task_connection, validate_task
 
 
 class ChunkBuilder:
-    """Fills preallocated stacked arrays (see common/policy/dqn.py for the row layout)."""
+    """Accumulates adder rows until a chunk holds at least ``n_sample`` rows.
 
-    def __init__(self, n_sample: int, obs_shape: int) -> None:
+    Rows are never split across chunks, so every chunk is tagged with the oldest policy version
+    that produced any of its rows (:attr:`version`).
+    """
+
+    def __init__(self, n_sample: int) -> None:
         self.n_sample = n_sample
-        self._schema = transition_schema(obs_shape)
         self._reset()
 
     def _reset(self) -> None:
-        self.arrays = {k: np.empty((self.n_sample, *shape), dt) for k, (shape, dt) in self._schema.items()}
+        self._parts: list[dict[str, np.ndarray]] = []
         self.size = 0
+        self.version: int | None = None
 
-    def add(self, row: tuple) -> bool:
-        """Append one transition row; True when the chunk is full."""
-        for name, value in zip(TRANSITION_FIELDS, row):
-            self.arrays[name][self.size] = value
-        self.size += 1
-        return self.size == self.n_sample
+    def add(self, rows: dict[str, np.ndarray] | None, version: int) -> bool:
+        """Append rows (a dict of equal-length arrays) made by policy ``version``; True when full."""
+        if rows:
+            self._parts.append(rows)
+            self.size += len(next(iter(rows.values())))
+            self.version = version if self.version is None else min(self.version, version)
+        return self.size >= self.n_sample
 
     def take(self) -> dict[str, np.ndarray]:
-        """The filled rows (a view trimmed to ``size``), and start a new chunk."""
-        out = {k: v[: self.size] for k, v in self.arrays.items()}
+        """The accumulated rows as one dict of stacked arrays, and start a new chunk."""
+        parts = self._parts
+        out = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         self._reset()
         return out
 
@@ -78,7 +85,7 @@ class EpisodeStats:
                     self.durations.append(now - self.start[i])
                 self.ret[i], self.len[i], self.start[i] = 0.0, 0, now
 
-    def finish_info(self, step_count: int, seconds: float, train_iter: int, eval_flag: bool) -> dict[str, Any]:
+    def finish_info(self, step_count: int, seconds: float, policy_version: int, eval_flag: bool) -> dict[str, Any]:
         """The seed's finish info (times in seconds, steps in env steps)."""
         n = len(self.returns)
         return {
@@ -89,14 +96,18 @@ class EpisodeStats:
             "avg_time_per_step": seconds / step_count if step_count else 0.0,
             "reward_mean": float(np.mean(self.returns)) if n else 0.0,
             "reward_std": float(np.std(self.returns)) if n else 0.0,
-            "train_iter": int(train_iter),
+            "policy_version": int(policy_version),
             "eval_flag": bool(eval_flag),
             "duration": round(seconds, 3),
         }
 
 
 class Collector:
-    """One collector task's rollout loop (train or eval), talking to Redis through ``comm``."""
+    """One collector task's rollout loop (train or eval), talking to Redis through ``comm``.
+
+    Algorithm-free: acting, the transition rows and exploration belong to the policy
+    (common/policy/base.py); the task's ``collect_setting`` is handed to it unread.
+    """
 
     def __init__(self, cfg: EasyDict, task: dict, comm: RedisCommCollector) -> None:
         self._cfg = cfg
@@ -105,24 +116,33 @@ class Collector:
         self._eval = bool(task["eval_flag"])
         torch.set_num_threads(cfg.policy.collect.collector.torch_threads)
         torch.manual_seed(int(task.get("seed", 0)))
-        self._policy = create_policy(cfg, enable_field=("collect", "eval"), device="cpu")
         self._rng = np.random.default_rng(int(task.get("seed", 0)))
         env_num = cfg.env.evaluator_env_num if self._eval else cfg.env.collector_env_num
+        spaces.import_env_modules(list(cfg.env.import_names))
         self._env = make_vector_env(cfg.env.env_id, env_num, cfg.env.manager.type, dict(cfg.env.env_kwargs))
+        try:
+            self._spec = spaces.from_spaces(cfg.env.env_id, self._env.single_observation_space,
+                                            self._env.single_action_space)
+            spaces.check_model(cfg, self._spec)
+            self._policy = create_policy(cfg, self._spec, modes=("eval",) if self._eval else ("collect",), device="cpu")
+        except Exception:
+            self._env.close()
+            raise
+        self._on_policy = algorithm_of(cfg).data_source == "on_policy"
         self._env_num = env_num
-        self.train_iter = -1  # version of the weights held; set by the first policy fetch
-        self.policy_lags: list[float] = []  # seconds from each publication to its use
+        self.policy_version = -1  # version of the weights held; set by the first policy fetch
+        self.update_delays: list[float] = []  # seconds from each publication to acting with it
 
     def _refresh_policy(self) -> None:
         weights = self._comm.get_policy_update_info()
         if weights is not None:
-            self._policy.load_weights(weights)
-            self.train_iter = int(self._comm.policy_version)
+            self._policy.set_weights(weights)
+            self.policy_version = int(self._comm.policy_version)
             # Publication -> acting with it (wall clocks of two hosts: skew adds to this figure).
-            self.policy_lags.append(max(0.0, time.time() - self._comm.policy_published_at))
+            self.update_delays.append(max(0.0, time.time() - self._comm.policy_published_at))
 
     def run(self) -> dict[str, Any]:
-        """Run the task to its end; returns the finish info (plus ``policy_lag_p50_ms`` / ``p95``).
+        """Run the task to its end; returns the finish info (plus ``policy_update_delay_p50_ms`` / ``p95``).
 
         Raises:
             TimeoutError: no policy was published within ``collector.policy_wait_s`` seconds.
@@ -135,57 +155,62 @@ class Collector:
             steps, stats = self._run_eval() if self._eval else self._run_train()
         finally:
             self._env.close()
-        info = stats.finish_info(steps, time.time() - start, self.train_iter, self._eval)
-        lags = self.policy_lags[1:]  # the first fetch measures how old the policy was at task start
-        if lags:
-            info["policy_lag_p50_ms"] = round(float(np.percentile(lags, 50)) * 1000, 2)
-            info["policy_lag_p95_ms"] = round(float(np.percentile(lags, 95)) * 1000, 2)
+        info = stats.finish_info(steps, time.time() - start, self.policy_version, self._eval)
+        delays = self.update_delays[1:]  # the first fetch measures how old the policy was at task start
+        if delays:
+            info["policy_update_delay_p50_ms"] = round(float(np.percentile(delays, 50)) * 1000, 2)
+            info["policy_update_delay_p95_ms"] = round(float(np.percentile(delays, 95)) * 1000, 2)
         return info
 
     def _run_train(self) -> tuple[int, EpisodeStats]:
         cfg = self._cfg
         env_id = cfg.env.env_id
-        eps = float(self._task["collect_setting"]["eps"])
+        setting = dict(self._task["collect_setting"])
         budget = int(cfg.policy.collect.collector.task_env_steps)
-        adder = self._policy.make_adder(self._env_num)
-        chunk = ChunkBuilder(int(cfg.policy.collect.n_sample), int(cfg.policy.model.obs_shape))
+        adder = self._policy.make_adder(self._env_num, setting)
+        # On-policy rows go out as soon as the adder emits a rollout: its version is current now.
+        chunk = ChunkBuilder(1 if self._on_policy else int(cfg.policy.collect.n_sample))
         stats = EpisodeStats(self._env_num)
         obs, _ = self._env.reset(seed=int(self._task.get("seed", 0)))
+        obs = self._spec.obs_batch(obs)
         steps = steps_at_last_send = 0
         base_envstep = int(self._task.get("envstep", 0))
 
         def send() -> None:
             nonlocal steps_at_last_send
             data_id = f"{self._task['task_id']}_{uuid.uuid4().hex[:8]}"
+            version = chunk.version if chunk.version is not None else self.policy_version
             rows = chunk.size
             arrays = chunk.take()
             # Once per chunk rather than per step: NaN/inf from the env would poison training.
-            check_finite(env_id, arrays["obs"], arrays["next_obs"], arrays["reward"])
+            check_finite(env_id, *(a for a in arrays.values() if a.dtype.kind == "f"))
             nbytes = self._comm.send_stepdata(data_id, arrays)
             self._comm.send_metadata({
-                "data_id": data_id, "task_id": self._task["task_id"], "policy_iter": self.train_iter,
+                "data_id": data_id, "task_id": self._task["task_id"], "policy_version": version,
                 "n_samples": rows, "env_steps": steps - steps_at_last_send, "nbytes": nbytes,
-                "envstep": base_envstep + steps, "eps": round(eps, 4), "ts": round(time.time(), 3),
+                "envstep": base_envstep + steps, "ts": round(time.time(), 3),
             })
             steps_at_last_send = steps
-            if self._comm.flush():
+            newer = self._comm.flush()
+            # On-policy data is only useful from the version the learner trains next: wait for it.
+            if self._on_policy and not self._comm.stop_flag and steps < budget:
+                newer = self._comm.wait_for_policy_update(float(cfg.policy.collect.collector.policy_wait_s))
+            if newer:
                 self._refresh_policy()
 
         while steps < budget and not self._comm.stop_flag:
-            actions = self._policy.act(obs, eps, self._rng)
-            next_obs, reward, terminated, truncated, info = step(self._env, env_id, actions)
+            env_action, record = self._policy.act(obs, setting, self._rng)
+            next_obs, reward, terminated, truncated, info = step(self._env, env_id, env_action)
+            next_obs = self._spec.obs_batch(next_obs)
             done = terminated | truncated
-            real_next = true_next_obs(next_obs, done, info)
+            real_next = true_next_obs(next_obs, done, info, self._spec)
             stats.step(reward, done)
             steps += self._env_num
-            for row in adder.add(obs, actions, reward, real_next, terminated, truncated):
-                if chunk.add(row):
-                    send()
-            obs = next_obs
-        # Episodes cut by the task's end are not terminal: bootstrap them from the current obs.
-        for row in adder.flush(obs):
-            if chunk.add(row):
+            if chunk.add(adder.add(obs, record, reward, real_next, terminated, truncated), self.policy_version):
                 send()
+            obs = next_obs
+        # Episodes cut by the task's end are not terminal: the adder bootstraps them from obs.
+        chunk.add(adder.flush(obs), self.policy_version)
         if chunk.size or steps > steps_at_last_send:
             send()
         return steps, stats
@@ -204,9 +229,9 @@ class Collector:
         while (done_count < quota).any():
             if self._comm.poll_stop() or time.time() > deadline:
                 break
-            actions = self._policy.greedy(obs)
-            obs, reward, terminated, truncated, _ = step(self._env, cfg.env.env_id, actions)
-            check_finite(cfg.env.env_id, obs, reward)
+            env_action = self._policy.act_eval(self._spec.obs_batch(obs))
+            obs, reward, terminated, truncated, _ = step(self._env, cfg.env.env_id, env_action)
+            check_finite(cfg.env.env_id, reward, *([obs] if self._spec.obs_kind == "box" else []))
             done = terminated | truncated
             counts = done_count < quota
             stats.step(reward, done, counts)

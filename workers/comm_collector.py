@@ -57,10 +57,6 @@ class RedisCommCollector:
         self.policy_published_at = 0.0  # unix seconds the held policy version was published
 
     # -- the seed's interface -------------------------------------------------------------
-    def deal_with_resource(self) -> dict[str, int]:
-        """Resources a collector task needs (the seed asked for 1 GPU; CartPole needs none)."""
-        return {"cpu": 1, "gpu": 0}
-
     def deal_with_collector_start(self) -> None:
         """Announce the task: a ``started`` event with the worker's host and pid."""
         events.emit(self._conn, self._exp, "started", self._task_id, "collector",
@@ -79,8 +75,8 @@ class RedisCommCollector:
         return len(payload)
 
     def send_metadata(self, metadata: dict[str, Any]) -> None:
-        """Queue the chunk's metadata entry (needs ``data_id`` and ``policy_iter``, as the seed)."""
-        missing = {"data_id", "policy_iter"} - metadata.keys()
+        """Queue the chunk's metadata entry (needs ``data_id`` and ``policy_version``, as the seed's ``policy_iter``)."""
+        missing = {"data_id", "policy_version"} - metadata.keys()
         if missing:
             raise ValueError(f"task {self._task_id}: metadata lacks {sorted(missing)}")
         self._pending["fields"] = streams.encode_fields(metadata)
@@ -104,13 +100,38 @@ class RedisCommCollector:
                                    f"{timeout_s:.0f} s; is a learner worker running (rq worker learner)?")
             self._pubsub.get_message(timeout=min(0.5, remaining))
 
+    def wait_for_policy_update(self, timeout_s: float) -> bool:
+        """On-policy data: block until a version other than the one held is published (pub/sub),
+        the stop flag is set, or ``timeout_s`` seconds pass.
+
+        Returns:
+            True when another version is available (fetch it with :meth:`get_policy_update_info`).
+        """
+        t0 = time.monotonic()
+        self._subscribe()
+        deadline = t0 + timeout_s
+        try:
+            while True:
+                # Read after subscribing: a publication between the last read and SUBSCRIBE is not lost.
+                raw = self._conn.hget(self._policy_key, "version")
+                if raw is not None and (self.policy_version is None or int(raw) != self.policy_version):
+                    return True
+                if self.poll_stop(0.0):
+                    return False
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._pubsub.get_message(timeout=min(0.5, remaining))
+        finally:
+            self.limiter_wait_s += time.monotonic() - t0
+
     def _subscribe(self) -> None:
         if self._pubsub is None:
             self._pubsub = self._conn.pubsub(ignore_subscribe_messages=True)
             self._pubsub.subscribe(self._updates_channel)
 
     def get_policy_update_info(self) -> dict[str, np.ndarray] | None:
-        """The latest published weights if their version is newer than the one held, else None.
+        """The published weights if their version differs from the one held, else None.
 
         Raises:
             serialization.DecodeError / blobstore.BlobError: a corrupt policy blob (names the key).
@@ -120,7 +141,9 @@ class RedisCommCollector:
             return None
         meta, payload = got
         version = int(meta["version"])
-        if self.policy_version is not None and version <= self.policy_version:
+        # "Different", not "newer": a replacement learner resumes from its last checkpoint and
+        # republishes an older version, which is then the one it trains on.
+        if self.policy_version is not None and version == self.policy_version:
             return None
         weights = serialization.loads(payload, what=self._policy_key)
         self.policy_version = version
@@ -135,7 +158,7 @@ class RedisCommCollector:
         learner's ``envstep_limit``.
 
         Returns:
-            True when the published policy version is newer than the one held.
+            True when the published policy version differs from the one held.
 
         Raises:
             common.scripts.LeaseRevoked: the coordinator declared this task dead.
@@ -152,7 +175,7 @@ class RedisCommCollector:
             version_raw = self._wait_for_learner(counter, max_wait_s) or version_raw
         if version_raw is None:
             return False
-        return self.policy_version is None or int(version_raw) > self.policy_version
+        return self.policy_version is None or int(version_raw) != self.policy_version
 
     def poll_stop(self, interval_s: float = 0.5) -> bool:
         """Refresh :attr:`stop_flag` at most every ``interval_s`` seconds (for tasks that send no data)."""

@@ -15,29 +15,33 @@ import io
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
+import numpy as np
 import redis
 import torch
 
 from common import blobstore, keys, serialization, streams
 from common.scripts import ack_chunks
-from workers.replay_buffer import ReplayBuffer
 
-_META_SPEC = {"data_id": str, "n_samples": int, "env_steps": int}
+_META_SPEC = {"data_id": str, "n_samples": int, "env_steps": int, "policy_version": int}
+_LAG_WINDOW = 1000  # chunks whose policy lag the percentiles cover
 
 
 class BufferReader(threading.Thread):
-    """Background thread filling ``buffer`` from the buffer stream.
+    """Background thread filling ``buffer`` (a replay buffer or a rollout queue) from the buffer stream.
 
     Counters (read from the trainer thread): ``env_steps`` (env steps of chunks consumed by this
     reader), ``chunks``, ``expired``, ``corrupt``, ``malformed``, ``duplicates``; ``env_steps_base``
     holds the buffer's consumed env steps before this reader started (from the stats hash).
+    :meth:`policy_lag` gives percentiles of the policy lag: the learner's ``train_iter`` when a
+    chunk is ingested minus the policy version that produced it, in train iterations.
     """
 
-    def __init__(self, conn: redis.Redis, exp: str, buffer_id: str, consumer: str, buffer: ReplayBuffer,
+    def __init__(self, conn: redis.Redis, exp: str, buffer_id: str, consumer: str, buffer: Any,
                  logger: logging.Logger, on_data: Callable[[], None], lease_key: str,
-                 batch: int = 64, block_ms: int = 500) -> None:
+                 train_iter: Callable[[], int] = lambda: 0, batch: int = 64, block_ms: int = 500) -> None:
         super().__init__(name=f"buffer-reader-{buffer_id}", daemon=True)
         self._conn = conn
         self._exp = exp
@@ -57,12 +61,22 @@ class BufferReader(threading.Thread):
         self.corrupt = 0
         self.malformed = 0
         self.duplicates = 0
+        self._train_iter = train_iter
+        self._lags: deque[int] = deque(maxlen=_LAG_WINDOW)
         self.error: BaseException | None = None
         streams.ensure_group(conn, self._stream, keys.LEARNER_GROUP)
         self.env_steps_base = int(conn.hget(self._stats_key, "env_steps") or 0)
 
     def stop(self) -> None:
         self._halt.set()
+
+    def policy_lag(self) -> dict[str, float]:
+        """``policy_lag_p50`` / ``_p95`` / ``_max`` over the last chunks ingested (train iterations)."""
+        lags = list(self._lags)
+        if not lags:
+            return {}
+        return {"policy_lag_p50": float(np.percentile(lags, 50)), "policy_lag_p95": float(np.percentile(lags, 95)),
+                "policy_lag_max": float(max(lags))}
 
     def run(self) -> None:
         try:
@@ -152,7 +166,9 @@ class BufferReader(threading.Thread):
                 self.duplicates += 1
                 continue
             if status == "consumed":
-                self._buffer.extend(chunks[entry_id])
+                version = metas[entry_id]["policy_version"]
+                self._lags.append(self._train_iter() - version)
+                self._buffer.extend(chunks[entry_id], version)
                 self.env_steps += env_steps
                 self.chunks += 1
                 inserted = True

@@ -8,6 +8,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from common.spaces import SpaceSpec
+
 
 class EnvError(RuntimeError):
     """An env could not be built or misbehaved (names the env id)."""
@@ -23,9 +25,8 @@ def make_vector_env(env_id: str, num_envs: int, manager: str = "sync", env_kwarg
     Raises:
         EnvError: unknown env id or bad kwargs, naming ``env_id``.
     """
-    mode = {"sync": "sync", "async": "async"}[manager]
     try:
-        return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode,
+        return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=manager,
                             vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **(env_kwargs or {}))
     except Exception as e:  # gymnasium raises several error types for an unknown id
         raise EnvError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): {type(e).__name__}: {e}") from None
@@ -39,13 +40,16 @@ def step(env: gym.vector.VectorEnv, env_id: str, actions: np.ndarray) -> tuple:
         raise EnvError(f"env {env_id!r} raised during step: {type(e).__name__}: {e}") from e
 
 
-def true_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict[str, Any]) -> np.ndarray:
-    """Replace reset observations of finished envs by their final observations (SAME_STEP mode)."""
+def true_next_obs(next_obs: np.ndarray, done: np.ndarray, info: dict[str, Any], spec: SpaceSpec) -> np.ndarray:
+    """Replace reset observations of finished envs by their final observations (SAME_STEP mode).
+
+    ``next_obs`` is already in stored form (``spec.obs_batch``); so is the result.
+    """
     if not done.any():
         return next_obs
     out = next_obs.copy()
     for i in np.flatnonzero(done):
-        out[i] = info["final_obs"][i]
+        out[i] = spec.obs_batch(np.asarray(info["final_obs"][i])[None])[0]
     return out
 
 

@@ -11,10 +11,10 @@ seed's contract (hooks at ``before_run`` / ``before_iter`` / ``after_iter`` / ``
             learner.train(batch)           # before_iter hooks, policy.learn_mode.forward, after_iter hooks
         call_hook("after_run")             # save the final checkpoint
 
-Data arrives through a background :class:`~workers.comm_learner.BufferReader`; ``get_data``
-waits (on a condition variable, with a timeout) until the buffer holds
-``replay_start_size`` transitions and the replay ratio allows another iteration
-(``train_iter <= train_iter_per_env_step * env steps received``).
+Data arrives through a background :class:`~workers.comm_learner.BufferReader`; ``get_data`` is
+the data source the algorithm chose (workers/sources/): a replay buffer under the replay-ratio
+limiter, or on-policy rollouts of the current policy version only. Nothing here knows which
+algorithm trains: the policy's ``learn`` / ``get_weights`` / ``state_dict`` are all it calls.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -33,15 +32,14 @@ import redis
 import torch
 from easydict import EasyDict
 
-from common import events, keys
+from common import events, keys, spaces
 from common.logs import build_logger, build_tb_writer
-from common.policy import Policy, create_policy
-from common.policy.dqn import transition_schema
+from common.policy import Policy, algorithm_of, create_policy, export
 from common.registry import LEARNER_REGISTRY, import_names
 from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
 from workers.learner_hooks import LearnerHook, build_hooks
-from workers.replay_buffer import ReplayBuffer
-from workers.task import Heartbeat, is_stale, stop_requested, task_connection, validate_task
+from workers.sources import create_source
+from workers.task import Heartbeat, is_stale, task_connection, validate_task
 
 
 class CheckpointStore:
@@ -92,7 +90,7 @@ class BaseLearner:
         for hook in build_hooks(cfg.hook):
             self.register_hook(hook)
         self._log_buffer: dict[str, Any] = {"scalar": defaultdict(list)}
-        self._last_iter = 0
+        self._train_iter = 0
         self._collector_envstep = 0
         self._end_flag = False
         self._learner_done = False
@@ -115,23 +113,23 @@ class BaseLearner:
 
     # -- training ----------------------------------------------------------------------------
     def train(self, data: dict[str, np.ndarray], envstep: int = -1) -> dict[str, Any]:
-        """One train iteration on ``data`` (see common/policy/dqn.py for the batch layout).
+        """One train iteration on ``data`` (arrays per ``policy.schema()``).
 
         Returns:
-            The policy's log vars (``priority`` moved to :attr:`priority_info`).
+            The policy's log vars (``priority``, if any, moved to :attr:`priority_info`).
         """
         if envstep >= 0:
             self._collector_envstep = envstep
         self.call_hook("before_iter")
         t0 = time.perf_counter()
-        log_vars = self._policy.forward(data)
+        log_vars = self._policy.learn(data)
         priority = log_vars.pop("priority", None)
         if priority is not None:
             self._priority_info = {"priority": priority}
         self._log_buffer["scalar"]["train_time"].append(time.perf_counter() - t0)
         for k, v in log_vars.items():
             self._log_buffer["scalar"][k].append(float(v))
-        self._last_iter += 1
+        self._train_iter += 1
         self.call_hook("after_iter")
         return log_vars
 
@@ -174,15 +172,16 @@ class BaseLearner:
     # -- checkpoints ---------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything a replacement learner needs: policy state, train_iter, collector env steps."""
-        return {"policy": self._policy.state_dict(), "last_iter": self._last_iter,
+        return {"policy": self._policy.state_dict(), "train_iter": self._train_iter,
                 "collector_envstep": self._collector_envstep}
 
     def save_checkpoint_now(self, name: str) -> None:
-        """Save checkpoint ``name``; ``final`` also saves ``final_model`` (the network's state_dict only,
-        which the coordinator copies to ``final.pt`` without importing torch)."""
-        self._ckpt_store.save(name, self.checkpoint_state(), self._last_iter)
+        """Save checkpoint ``name``; ``final`` also saves ``final_model`` (the acting weights with what
+        ``rqrl eval`` needs to rebuild the policy, which the coordinator copies to ``final.pt``
+        without importing torch; see common/policy/export.py)."""
+        self._ckpt_store.save(name, self.checkpoint_state(), self._train_iter)
         if name == "final":
-            self._ckpt_store.save("final_model", self._policy.state_dict()["model"], self._last_iter)
+            self._ckpt_store.save("final_model", export.bundle(self._policy, self._train_iter), self._train_iter)
 
     def save_checkpoint(self, ckpt_name: Optional[str] = None) -> None:
         """Run the ``save_ckpt_after_run`` hook now (as the seed); ``ckpt_name`` overrides ``final``.
@@ -206,16 +205,16 @@ class BaseLearner:
             self.info(f"no checkpoint {name!r} to load; starting fresh")
             return False
         self._policy.load_state_dict(state["policy"])
-        self._last_iter = int(state["last_iter"])
+        self._train_iter = int(state["train_iter"])
         self._collector_envstep = int(state["collector_envstep"])
-        self.info(f"loaded checkpoint {name!r}: train_iter {self._last_iter}, envstep {self._collector_envstep}")
+        self.info(f"loaded checkpoint {name!r}: train_iter {self._train_iter}, envstep {self._collector_envstep}")
         return True
 
     # -- properties ----------------------------------------------------------------------------
     @property
     def learn_info(self) -> dict[str, Any]:
-        """Info for the commander: ``learner_step``, ``collector_envstep``, ``learner_done``."""
-        return {"learner_step": self._last_iter, "collector_envstep": self._collector_envstep,
+        """Info for the commander: ``train_iter``, ``collector_envstep``, ``learner_done``."""
+        return {"train_iter": self._train_iter, "collector_envstep": self._collector_envstep,
                 "learner_done": self._learner_done}
 
     @property
@@ -237,11 +236,8 @@ class BaseLearner:
 
     @property
     def train_iter(self) -> int:
-        return self._last_iter
-
-    @property
-    def last_iter(self) -> int:
-        return self._last_iter
+        """Train iterations done (the seed's ``last_iter``); also the next policy version."""
+        return self._train_iter
 
     @property
     def policy(self) -> Policy:
@@ -307,7 +303,7 @@ class PublishPolicyHook(LearnerHook):
         self._lease = lease_key
 
     def __call__(self, learner: BaseLearner) -> None:
-        publish_policy(self._conn, self._exp, self._policy_id, learner.policy.publishable_state(),
+        publish_policy(self._conn, self._exp, self._policy_id, learner.policy.get_weights(),
                        learner.train_iter, self._limit(learner.train_iter), lease_key=self._lease)
 
 
@@ -320,72 +316,12 @@ class SendInfoHook(LearnerHook):
 
     def __call__(self, learner: BaseLearner) -> None:
         info = {k: v for k, v in learner.learn_info.items() if isinstance(v, (int, float, bool, str))}
-        info.update(self._stats())
+        stats = self._stats()
+        info.update(stats)
         events.emit(self._conn, self._exp, "learner_info", self._task_id, "learner", **info)
-
-
-class ReplayFeeder:
-    """``learner.get_data``: a batch once data and the replay ratio allow, or None at the stop flag."""
-
-    def __init__(self, conn: redis.Redis, exp: str, learner: BaseLearner, buffer: ReplayBuffer,
-                 cfg: EasyDict, seed: int) -> None:
-        self._conn, self._exp, self._learner, self._buffer = conn, exp, learner, buffer
-        self._batch = int(cfg.policy.learn.batch_size)
-        self._start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)
-        self._ratio = float(cfg.policy.learn.train_iter_per_env_step)
-        self._lead = int(cfg.policy.learn.max_env_step_lead)
-        self._base_iter = 0
-        self._rng = np.random.default_rng(seed)
-        # Env steps consumed before this learner started; read on the first call (before_run).
-        self._base_envstep: Optional[int] = None
-        self._cond = threading.Condition()
-        self._next_stop_check = 0.0
-        self._stopped = False
-        self.reader: Optional[BufferReader] = None
-        self.wait_seconds = 0.0
-
-    def envstep_limit(self, train_iter: int) -> int:
-        """Env steps collectors may have sent by ``train_iter``: what the ratio justifies plus a lead."""
-        if self._ratio <= 0:
-            return 2**62
-        base = self.envstep() - (self.reader.env_steps if self.reader else 0)
-        return int(base + max(self._start, (train_iter - self._base_iter) / self._ratio) + self._lead)
-
-    def notify(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
-    def _stop_due(self) -> bool:
-        now = time.monotonic()
-        if now >= self._next_stop_check:
-            self._next_stop_check = now + 0.2
-            self._stopped = stop_requested(self._conn, self._exp)
-        return self._stopped
-
-    def envstep(self) -> int:
-        """Env steps consumed by the buffer: the durable count at start plus what the reader consumed since."""
-        if self._base_envstep is None:
-            # Durable count of env steps this buffer consumed before us (exact across learner restarts).
-            self._base_envstep = self.reader.env_steps_base if self.reader else self._learner.collector_envstep
-            self._base_iter = self._learner.train_iter
-        return self._base_envstep + (self.reader.env_steps if self.reader else 0)
-
-    def __call__(self) -> Optional[dict[str, np.ndarray]]:
-        t0 = time.perf_counter()
-        with self._cond:
-            while True:
-                if self.reader is not None and self.reader.error is not None:
-                    raise RuntimeError(f"buffer reader failed: {self.reader.error!r}") from self.reader.error
-                if self._stop_due():
-                    return None
-                envstep = self.envstep()
-                self._learner.collector_envstep = envstep
-                ratio_ok = self._ratio <= 0 or self._learner.train_iter - self._base_iter < self._ratio * (envstep - self._base_envstep)
-                if len(self._buffer) >= self._start and ratio_ok:
-                    break
-                self._cond.wait(timeout=0.2)
-        self.wait_seconds += time.perf_counter() - t0
-        return self._buffer.sample(self._batch, self._rng)
+        if learner.tb_logger is not None:  # policy lag, stale data, buffer figures against train_iter
+            for k, v in stats.items():
+                learner.tb_logger.add_scalar(f"learner_info/{k}", v, learner.train_iter)
 
 
 def run_learner_task(task: dict) -> dict[str, Any]:
@@ -422,35 +358,38 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
     torch.set_num_threads(threads)
     torch.manual_seed(int(task.get("seed", 0)))
     events.emit(conn, exp, "started", task_id, "learner", host=socket.gethostname(), pid=os.getpid())
-    policy = create_policy(cfg, enable_field=("learn",))
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    policy = create_policy(cfg, spec, modes=("learn",))
     if task.get("resume"):
         cfg.policy.learn.learner.hook.load_ckpt_before_run = "latest"
     lease_key = keys.lease(exp, task_id)
     learner = create_learner(cfg, policy=policy, exp_name=exp,
                              checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key))
-    buffer = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size,
-                          transition_schema(cfg.policy.model.obs_shape))
+    source = create_source(algorithm_of(cfg).data_source, conn, exp, learner, cfg, policy.schema(),
+                           int(task.get("seed", 0)))
     lcfg = cfg.policy.learn.learner
     # before_run hooks run by priority: loading a checkpoint (20) precedes the first publication
     # (30), so collectors start from the resumed weights and train_iter.
-    feeder = ReplayFeeder(conn, exp, learner, buffer, cfg, int(task.get("seed", 0)))
-    for position, freq in (("before_run", 1), ("after_iter", lcfg.send_policy_freq)):
-        learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq, feeder.envstep_limit,
+    send_freq = 1 if source.publish_every_iter else lcfg.send_policy_freq
+    for position, freq in (("before_run", 1), ("after_iter", send_freq)):
+        learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq, source.envstep_limit,
                                                 lease_key))
     t_start = time.time()
 
     def stats() -> dict[str, Any]:
-        r = feeder.reader
+        r = source.reader
         elapsed = max(1e-9, time.time() - t_start)
-        return {"buffer_size": len(buffer), "pushed": buffer.pushed, "chunks": r.chunks if r else 0,
-                "expired": r.expired if r else 0, "corrupt": r.corrupt if r else 0,
-                "malformed": r.malformed if r else 0, "wait_share": round(feeder.wait_seconds / elapsed, 4),
+        return {**source.stats(), "chunks": r.chunks if r else 0, "expired": r.expired if r else 0,
+                "corrupt": r.corrupt if r else 0, "malformed": r.malformed if r else 0,
+                **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
                 "train_iter_per_sec": round(learner.train_iter / elapsed, 2)}
 
     learner.register_hook(SendInfoHook(conn, exp, task_id, lcfg.send_info_freq, stats))
-    learner.get_data = feeder
-    reader = BufferReader(conn, exp, task["buffer_id"], task_id, buffer, learner.logger, feeder.notify, lease_key)
-    feeder.reader = reader
+    learner.get_data = source
+    reader = BufferReader(conn, exp, task["buffer_id"], task_id, source.store, learner.logger, source.notify, lease_key,
+                          train_iter=lambda: learner.train_iter)
+    source.reader = reader
     reader.start()
     try:
         learner.start()

@@ -3,8 +3,31 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
+
+
+def check_chunk(schema: dict[str, tuple[tuple[int, ...], np.dtype]], chunk: Any, what: str) -> int:
+    """Validate a chunk (dict of arrays, one row per transition) against ``schema``; returns its rows.
+
+    Raises:
+        ValueError: a missing field, a wrong row shape or unequal lengths, naming ``what``.
+    """
+    if not isinstance(chunk, dict):
+        raise ValueError(f"{what}: expected a dict of arrays, got {type(chunk).__name__}")
+    n = None
+    for name, (shape, _) in schema.items():
+        arr = chunk.get(name)
+        if not isinstance(arr, np.ndarray) or arr.ndim == 0:
+            raise ValueError(f"{what}: field {name!r} missing, not an array, or 0-d (expected one row per transition)")
+        if tuple(arr.shape[1:]) != tuple(shape):
+            raise ValueError(f"{what}: field {name!r} rows have shape {tuple(arr.shape[1:])}, expected {tuple(shape)}")
+        if n is None:
+            n = len(arr)
+        elif len(arr) != n:
+            raise ValueError(f"{what}: field {name!r} has {len(arr)} rows, others have {n}")
+    return n or 0
 
 
 class ReplayBuffer:
@@ -30,29 +53,12 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self._size
 
-    def check(self, chunk: dict[str, np.ndarray], what: str) -> int:
-        """Validate a chunk against the schema; returns its row count.
+    def check(self, chunk: Any, what: str) -> int:
+        """Validate a chunk against the schema; returns its row count (see :func:`check_chunk`)."""
+        return check_chunk(self._schema, chunk, what)
 
-        Raises:
-            ValueError: a missing field, a wrong row shape or unequal lengths, naming ``what``.
-        """
-        if not isinstance(chunk, dict):
-            raise ValueError(f"{what}: expected a dict of arrays, got {type(chunk).__name__}")
-        n = None
-        for name, (shape, _) in self._schema.items():
-            arr = chunk.get(name)
-            if not isinstance(arr, np.ndarray) or arr.ndim == 0:
-                raise ValueError(f"{what}: field {name!r} missing, not an array, or 0-d (expected one row per transition)")
-            if tuple(arr.shape[1:]) != shape:
-                raise ValueError(f"{what}: field {name!r} rows have shape {tuple(arr.shape[1:])}, expected {shape}")
-            if n is None:
-                n = len(arr)
-            elif len(arr) != n:
-                raise ValueError(f"{what}: field {name!r} has {len(arr)} rows, others have {n}")
-        return n or 0
-
-    def extend(self, chunk: dict[str, np.ndarray]) -> None:
-        """Insert the rows of a validated chunk (see :meth:`check`)."""
+    def extend(self, chunk: dict[str, np.ndarray], version: int = 0) -> None:
+        """Insert the rows of a validated chunk (see :meth:`check`); any policy ``version`` is kept."""
         n = len(next(iter(chunk.values())))
         if n == 0:
             return

@@ -8,7 +8,7 @@ from typing import Any
 import redis
 from easydict import EasyDict
 
-from common import keys
+from common import keys, lease
 from common.config import ConfigError, compile_config
 from common.connection import connect
 
@@ -67,12 +67,7 @@ def is_stale(conn: redis.Redis, task: dict) -> bool:
     current = conn.get(keys.run(task["exp_name"]))
     if current is None or current.decode() != task["run_id"]:
         return True
-    return not conn.exists(keys.lease(task["exp_name"], task["task_id"]))
-
-
-def grant_lease(conn: redis.Redis, exp: str, task_id: str, ttl_s: int, pipe: redis.client.Pipeline | None = None) -> None:
-    """Give ``task_id`` its write lease (the coordinator does this when it dispatches the task)."""
-    (pipe or conn).set(keys.lease(exp, task_id), "1", ex=int(ttl_s))
+    return not lease.held(conn, task["exp_name"], task["task_id"])
 
 
 def stop_requested(conn: redis.Redis, exp: str) -> bool:

@@ -1,23 +1,66 @@
-"""Policies and their four modes, as DI-engine's policy seam (learn / collect / eval / command).
+"""Algorithms as plug-ins (see common/policy/base.py for the contract and the loops it serves).
 
-The loop each mode serves::
-
-    # learner (workers/learner.py)
-    log_vars = policy.learn_mode.forward(batch)          # one train iteration
-    blob = policy.learn_mode.publishable_state()         # weights for collectors, every N iters
-
-    # collector (workers/collector.py)
-    policy.collect_mode.load_weights(blob)               # when the published version changed
-    actions = policy.collect_mode.forward(obs, eps=eps)  # batched over the vector env
-    samples = policy.collect_mode.process_step(...)      # n-step transitions, ready to send
-
-    # evaluator (eval tasks of the collector)
-    actions = policy.eval_mode.forward(obs)              # greedy
-
-    # commander (coordinator/commander.py)
-    setting = policy.command_mode.get_setting_collect({"envstep": n})   # e.g. {"eps": 0.42}
+Registering an algorithm is one entry: its package path in :data:`ALGORITHMS` (or
+:func:`register_algorithm` from a module named in ``create_config.policy.import_names``).
 """
 
-from common.policy.base import Policy, create_policy
+from __future__ import annotations
 
-__all__ = ["Policy", "create_policy"]
+import importlib
+from typing import Any, Optional
+
+from easydict import EasyDict
+
+from common.policy.base import Algorithm, Policy
+
+# name -> package whose __init__ (torch-free) defines ``ALGORITHM``
+ALGORITHMS: dict[str, str] = {
+    "dqn": "common.policy.dqn",
+    "ppo": "common.policy.ppo",
+}
+
+
+def register_algorithm(name: str, package: str) -> None:
+    """Make ``create_config.policy.type = name`` load the :class:`Algorithm` in ``package``.ALGORITHM.
+
+    Raises:
+        KeyError: ``name`` is already registered to another package.
+    """
+    if ALGORITHMS.get(name, package) != package:
+        raise KeyError(f"algorithm {name!r} is already registered to {ALGORITHMS[name]!r}")
+    ALGORITHMS[name] = package
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The torch-free :class:`Algorithm` registered as ``name``.
+
+    Raises:
+        KeyError: unknown name (lists the known ones), or a package without ``ALGORITHM``.
+    """
+    if name not in ALGORITHMS:
+        raise KeyError(f"unknown policy type {name!r}; known: {sorted(ALGORITHMS)}")
+    module = importlib.import_module(ALGORITHMS[name])
+    algo = getattr(module, "ALGORITHM", None)
+    if not isinstance(algo, Algorithm):
+        raise KeyError(f"policy type {name!r}: module {ALGORITHMS[name]!r} defines no ALGORITHM")
+    return algo
+
+
+def algorithm_of(cfg: EasyDict) -> Algorithm:
+    """The algorithm a compiled config names (``cfg.create.policy.type``)."""
+    create = cfg.get("create") or {}
+    return get_algorithm(create.get("policy", {}).get("type", "dqn"))
+
+
+def create_policy(cfg: EasyDict, spec: Any, modes: tuple[str, ...] = ("learn", "collect", "eval"),
+                  device: Optional[str] = None) -> Policy:
+    """Build the config's policy (imports torch) for env spaces ``spec`` (common/spaces.py).
+
+    Raises:
+        KeyError: unknown policy type.
+    """
+    module, _, cls = algorithm_of(cfg).policy_class.partition(":")
+    return getattr(importlib.import_module(module), cls)(cfg, spec, modes, device)
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "Policy", "algorithm_of", "create_policy", "get_algorithm", "register_algorithm"]

@@ -1,80 +1,150 @@
-"""The policy seam: one object, four modes (see common/policy/__init__.py for the loop)."""
+"""The algorithm seam: everything the workers and the coordinator call, and nothing more.
+
+An algorithm is a package ``common/policy/<name>/`` whose ``__init__`` (no torch) defines an
+:class:`Algorithm`, and whose torch module defines a :class:`Policy` subclass. The loops they
+serve, with ``E`` envs, ``B`` rows and ``*O`` the stored observation shape::
+
+    # commander (coordinator/commander.py), once per collector task; torch-free
+    setting = algorithm.collect_setting(cfg.policy, {"envstep": n, "train_iter": i, "collectors": k})
+
+    # collector task (workers/collector.py)
+    policy = create_policy(cfg, spec, modes=("collect",))
+    policy.set_weights(weights)                          # whenever a newer policy version is published
+    adder = policy.make_adder(E, setting)
+    env_action, record = policy.act(obs, setting, rng)   # obs (E, *O) -> env actions (E, ...), record {k: (E, ...)}
+    rows = adder.add(obs, record, reward, next_obs, terminated, truncated)   # {field: (B, ...)} or None
+    rows = adder.flush(obs)                              # at the end of the task: bootstrap, not terminal
+
+    # eval task (workers/collector.py) and ``rqrl eval``
+    env_action = policy.act_eval(obs)                    # deterministic: greedy / the mean action
+
+    # learner task (workers/learner.py); how batches are formed is ``algorithm.data_source``:
+    #   "replay"     rows sampled from a replay buffer (off-policy: DQN, SAC)
+    #   "on_policy"  exactly the rows produced by the current policy version (PPO); older ones are dropped
+    info = policy.learn(batch)                           # batch {field: (B, ...)} per policy.schema() -> {str: float}
+    weights = policy.get_weights()                       # {name: float32 ndarray}, published as a new version
+    state = policy.state_dict(); policy.load_state_dict(state)   # checkpoints (torch tensors)
+
+Every array of a chunk, and of a batch, follows :meth:`Policy.schema`.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 from easydict import EasyDict
 
+from common.spaces import SpaceSpec
+
+DATA_SOURCES = ("replay", "on_policy")
+MODES = ("learn", "collect", "eval")
+
+Schema = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """The torch-free half of an algorithm: what the coordinator needs.
+
+    Attributes:
+        name: the ``create_config.policy.type`` it is registered under.
+        data_source: ``"replay"`` or ``"on_policy"`` (see module docstring).
+        policy_class: ``"module:Class"`` of its :class:`Policy`, imported only where torch is.
+        config: its defaults for the config's ``policy`` section (merged over the system
+            defaults of common/config.py; only the algorithm's own hyperparameters).
+        collect_setting: ``(cfg.policy, info) -> dict`` handed to each collector task, e.g.
+            ``{"eps": 0.42}``; ``info`` has ``envstep`` (env steps), ``train_iter`` and
+            ``collectors`` (collector tasks allowed at once). Plain JSON values only.
+    """
+
+    name: str
+    data_source: str
+    policy_class: str
+    config: dict[str, Any] = field(default_factory=dict)
+    collect_setting: Callable[[EasyDict, dict[str, Any]], dict[str, Any]] = lambda cfg, info: {}
+
+    def __post_init__(self) -> None:
+        if self.data_source not in DATA_SOURCES:
+            raise ValueError(f"algorithm {self.name!r}: data_source must be one of {DATA_SOURCES}, got {self.data_source!r}")
+
+
+class Adder(Protocol):
+    """Turns per-step records of ``E`` envs into chunk rows (dicts of ``(B, ...)`` arrays per the schema)."""
+
+    def add(self, obs: np.ndarray, record: dict[str, np.ndarray], reward: np.ndarray, next_obs: np.ndarray,
+            terminated: np.ndarray, truncated: np.ndarray) -> Optional[dict[str, np.ndarray]]:
+        """One vector-env step. ``next_obs`` is the true next observation (the final one where an
+        episode ended); ``reward`` float (E,); ``terminated`` / ``truncated`` bool (E,).
+        Returns the rows that became complete, or None."""
+
+    def flush(self, obs: np.ndarray) -> Optional[dict[str, np.ndarray]]:
+        """Emit every pending step; the rollout stopped at ``obs`` (a truncation, not a terminal state)."""
+
 
 class Policy(ABC):
-    """A policy exposes ``learn_mode``, ``collect_mode``, ``eval_mode`` and ``command_mode``.
+    """One algorithm's networks and math (see the module docstring for the loops).
 
-    Subclasses set ``config`` (their defaults, merged under the user's ``policy`` section) and
-    build only the fields listed in ``enable_field``, so the commander never allocates networks.
+    Args:
+        cfg: the full compiled config (``cfg.policy`` holds the algorithm's section).
+        spec: the env's spaces (common/spaces.py).
+        modes: which of ``learn`` / ``collect`` / ``eval`` to build; collectors never build
+            optimisers, eval never builds target networks.
+        device: torch device name; default ``cuda`` when ``policy.cuda`` and CUDA exists, else ``cpu``.
     """
 
-    config: dict[str, Any] = {}
-
-    def __init__(self, cfg: EasyDict, enable_field: tuple[str, ...] = ("learn", "collect", "eval", "command")) -> None:
-        self._cfg = cfg
-        self._enable_field = tuple(enable_field)
-
-    @classmethod
-    def default_config(cls) -> dict[str, Any]:
-        import copy
-
-        return copy.deepcopy(cls.config)
-
-    def _mode(self, name: str) -> Any:
-        if name not in self._enable_field:
-            raise AttributeError(f"policy mode {name!r} was not enabled (enable_field={self._enable_field})")
-        return self
-
-    @property
-    def learn_mode(self) -> "Policy":
-        return self._mode("learn")
-
-    @property
-    def collect_mode(self) -> "Policy":
-        return self._mode("collect")
-
-    @property
-    def eval_mode(self) -> "Policy":
-        return self._mode("eval")
-
-    @property
-    def command_mode(self) -> "Policy":
-        return self._mode("command")
+    def __init__(self, cfg: EasyDict, spec: SpaceSpec, modes: tuple[str, ...] = MODES,
+                 device: Optional[str] = None) -> None:
+        unknown = set(modes) - set(MODES)
+        if unknown:
+            raise ValueError(f"unknown policy modes {sorted(unknown)}; known: {MODES}")
+        self.cfg = cfg
+        self.spec = spec
+        self.modes = tuple(modes)
 
     @abstractmethod
-    def get_setting_collect(self, info: dict[str, Any]) -> dict[str, Any]:
-        """Command mode: collect settings (e.g. ``{"eps": float}``) from ``info["envstep"]`` (env steps)."""
+    def schema(self) -> Schema:
+        """Field name -> (per-row shape, dtype) of the chunks this policy's adder emits."""
 
     @abstractmethod
-    def publishable_state(self) -> dict[str, np.ndarray]:
-        """Learn mode: the acting network's weights as float32 numpy arrays, for collectors."""
+    def act(self, obs: np.ndarray, setting: dict[str, Any], rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Collect mode: actions for ``obs`` (E, *O) with exploration per ``setting``.
+
+        Returns:
+            ``(env_action, record)``: what ``env.step`` takes (E,) or (E, A), and the per-env
+            arrays the adder stores (e.g. the action index, its log-probability, a value).
+        """
 
     @abstractmethod
-    def load_weights(self, weights: dict[str, np.ndarray]) -> None:
-        """Collect/eval mode: load weights produced by :meth:`publishable_state`."""
+    def act_eval(self, obs: np.ndarray) -> np.ndarray:
+        """Eval mode: deterministic env actions for ``obs`` (E, *O)."""
 
+    @abstractmethod
+    def make_adder(self, env_num: int, setting: dict[str, Any]) -> Adder:
+        """Collect mode: a fresh adder for ``env_num`` envs."""
 
-def create_policy(cfg: EasyDict, enable_field: tuple[str, ...] = ("learn", "collect", "eval", "command"), **kwargs: Any) -> Policy:
-    """Build the policy named by ``cfg.create.policy.type`` (default ``dqn``) from the full config.
+    @abstractmethod
+    def learn(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """Learn mode: one train iteration on ``batch`` (arrays per :meth:`schema`); returns scalars."""
 
-    ``enable_field=("command",)`` returns the torch-free command mode from ``COMMAND_REGISTRY``.
+    @abstractmethod
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """The acting network's weights, float32 arrays on the CPU (what collectors load)."""
 
-    Raises:
-        KeyError: unknown policy type (names it and lists the known ones).
-    """
-    from common.registry import COMMAND_REGISTRY, POLICY_REGISTRY, import_names
+    @abstractmethod
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Load :meth:`get_weights` output.
 
-    create = cfg.get("create") or {}
-    ptype = create.get("policy", {}).get("type", "dqn")
-    import_names(create.get("policy", {}).get("import_names", []))
-    if tuple(enable_field) == ("command",):
-        return COMMAND_REGISTRY.build(ptype, cfg.policy)  # no network, no torch import
-    return POLICY_REGISTRY.build(ptype, cfg.policy, enable_field=enable_field, **kwargs)
+        Raises:
+            ValueError: a missing, unexpected or wrongly shaped tensor (named).
+        """
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Learn-mode state for checkpoints (tensors and plain values, ``torch.load(weights_only=True)``-safe)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""

@@ -1,4 +1,8 @@
-"""DQN on CartPole-v1 (stop_value 195), the rqrl counterpart of DI-engine's cartpole_dqn_config."""
+"""DQN on CartPole-v1 (stop_value 195), the rqrl counterpart of DI-engine's cartpole_dqn_config.
+
+Observation and action shapes are read from the env (policy.model.obs_shape / action_shape
+unset), so ``--set env.env_id=Acrobot-v1 --set env.stop_value=-100`` trains Acrobot as is.
+"""
 
 main_config = dict(
     exp_name="cartpole_dqn",
@@ -11,10 +15,9 @@ main_config = dict(
         stop_value=195.0,
     ),
     policy=dict(
-        cuda=False,
         nstep=3,
         discount_factor=0.97,
-        model=dict(obs_shape=4, action_shape=2, hidden_size_list=[128, 128], dueling=True),
+        model=dict(hidden_size_list=[128, 128], dueling=True),
         learn=dict(batch_size=64, learning_rate=1e-3, target_update_freq=100, train_iter_per_env_step=0.5),
         collect=dict(n_sample=128, collector=dict(task_env_steps=1000)),
         other=dict(

@@ -49,7 +49,7 @@ def send(conn, data_id, blob, n_samples=8, env_steps=8, **extra):
     """What a collector does: SET the blob, XADD the metadata."""
     if blob is not None:
         conn.set(keys.data(EXP, data_id), blob, ex=600)
-    fields = {"data_id": data_id, "n_samples": n_samples, "env_steps": env_steps, **extra}
+    fields = {"data_id": data_id, "n_samples": n_samples, "env_steps": env_steps, "policy_version": 0, **extra}
     return streams.add(conn, keys.buffer_meta(EXP, BUF), fields)
 
 
@@ -418,26 +418,28 @@ def test_save_checkpoint_with_revoked_lease_writes_nothing(fake_redis):
 
 def test_checkpoint_roundtrip(fake_redis, small_cfg):
     from common.policy import create_policy
+    from common.spaces import SpaceSpec
 
+    spec = SpaceSpec("CartPole-v1", "box", (OBS,), 0, 0, "discrete", 2, 0, 0, (), ())
     torch.manual_seed(0)
-    policy = create_policy(small_cfg, device="cpu")
+    policy = create_policy(small_cfg, spec, device="cpu")
     batch = {k: v for k, v in make_chunk(16, 1.0).items()}
     batch["obs"] = np.random.default_rng(0).normal(size=(16, OBS)).astype(np.float32)
-    policy.learn_mode.forward(batch)
-    state = {"policy": policy.state_dict(), "last_iter": 7, "envstep": 512}
+    policy.learn(batch)
+    state = {"policy": policy.state_dict(), "train_iter": 7, "envstep": 512}
     nbytes = save_checkpoint(fake_redis, EXP, "latest", state, train_iter=7)
     assert nbytes > 0
     assert blobstore.get_version(fake_redis, keys.ckpt(EXP, "latest")) == 7
     loaded = load_checkpoint(fake_redis, EXP, "latest")
-    assert loaded["last_iter"] == 7 and loaded["envstep"] == 512
-    assert loaded["policy"]["policy_iter"] == 1
+    assert loaded["train_iter"] == 7 and loaded["envstep"] == 512
+    assert loaded["policy"]["updates"] == 1
     for k, v in state["policy"]["model"].items():
         assert torch.equal(loaded["policy"]["model"][k], v)
     torch.manual_seed(5)
-    other = create_policy(small_cfg, device="cpu")
+    other = create_policy(small_cfg, spec, device="cpu")
     other.load_state_dict(loaded["policy"])
     obs = np.random.default_rng(1).normal(size=(64, OBS)).astype(np.float32)
-    np.testing.assert_array_equal(other.greedy(obs), policy.greedy(obs))
+    np.testing.assert_array_equal(other.act_eval(obs), policy.act_eval(obs))
 
 
 def test_checkpoint_chunked(fake_redis, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import copy
 import pickle
 
@@ -49,7 +51,7 @@ def finished(task, *, step_count=100, reward_mean=10.0, train_iter=0, avg_step_p
              avg_time_per_episode=0.5, avg_time_per_step=0.02, episodes=4, reward_std=1.0):
     return {
         "task_id": task["task_id"], "eval_flag": task["eval_flag"], "buffer_id": task["buffer_id"],
-        "train_iter": train_iter, "real_episode_count": episodes, "step_count": step_count,
+        "policy_version": train_iter, "real_episode_count": episodes, "step_count": step_count,
         "avg_step_per_episode": avg_step_per_episode, "avg_time_per_step": avg_time_per_step,
         "avg_time_per_episode": avg_time_per_episode, "reward_mean": reward_mean, "reward_std": reward_std,
     }
@@ -191,7 +193,7 @@ def test_eval_finish_logs_evaluator_scalars(small_cfg):
     tb = FakeTB()
     c = make(small_cfg, tb=tb, eval_every_train_iter=1)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 5})
+    c.update_learner_info("l", {"train_iter": 5})
     t = c.get_collector_task()
     assert t["eval_flag"] is True
     c.finish_collector_task(t["task_id"], finished(t, reward_mean=50.0, train_iter=5, avg_step_per_episode=50.0,
@@ -210,7 +212,7 @@ def test_no_eval_before_learner_trained(small_cfg):
              collector_task_space=4)
     c.get_learner_task()
     clock.advance(10_000)
-    c.update_learner_info("l", {"learner_step": 0, "collector_envstep": 5000})
+    c.update_learner_info("l", {"train_iter": 0, "collector_envstep": 5000})
     tasks = [c.get_collector_task() for _ in range(4)]
     assert all(t["eval_flag"] is False for t in tasks)
 
@@ -218,31 +220,31 @@ def test_no_eval_before_learner_trained(small_cfg):
 def test_eval_triggers_on_train_iter(small_cfg):
     c = make(small_cfg, eval_interval=0.0, eval_every_train_iter=100, eval_every_env_step=0, collector_task_space=10)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 99})
+    c.update_learner_info("l", {"train_iter": 99})
     t = c.get_collector_task()
     assert t["eval_flag"] is False
     c.finish_collector_task(t["task_id"], finished(t))
-    c.update_learner_info("l", {"learner_step": 100})
+    c.update_learner_info("l", {"train_iter": 100})
     ev = c.get_collector_task()
     assert ev["eval_flag"] is True
     c.finish_collector_task(ev["task_id"], finished(ev, reward_mean=1.0))
     # Next eval only after another 100 train iterations since the last eval (taken at 100).
-    c.update_learner_info("l", {"learner_step": 199})
+    c.update_learner_info("l", {"train_iter": 199})
     t = c.get_collector_task()
     assert t["eval_flag"] is False
     c.finish_collector_task(t["task_id"], finished(t))
-    c.update_learner_info("l", {"learner_step": 200})
+    c.update_learner_info("l", {"train_iter": 200})
     assert c.get_collector_task()["eval_flag"] is True
 
 
 def test_eval_triggers_on_env_steps(small_cfg):
     c = make(small_cfg, eval_interval=0.0, eval_every_train_iter=0, eval_every_env_step=1000, collector_task_space=10)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 1, "collector_envstep": 999})
+    c.update_learner_info("l", {"train_iter": 1, "collector_envstep": 999})
     t = c.get_collector_task()
     assert t["eval_flag"] is False
     c.finish_collector_task(t["task_id"], finished(t, step_count=0))
-    c.update_learner_info("l", {"learner_step": 2, "collector_envstep": 1000})
+    c.update_learner_info("l", {"train_iter": 2, "collector_envstep": 1000})
     ev = c.get_collector_task()
     assert ev["eval_flag"] is True
     c.finish_collector_task(ev["task_id"], finished(ev))
@@ -259,7 +261,7 @@ def test_eval_triggers_on_wall_time(small_cfg):
     c = make(small_cfg, clock=clock, eval_interval=60.0, eval_every_train_iter=0, eval_every_env_step=0,
              collector_task_space=10)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 1})
+    c.update_learner_info("l", {"train_iter": 1})
     clock.advance(59.0)
     t = c.get_collector_task()
     assert t["eval_flag"] is False
@@ -279,7 +281,7 @@ def test_all_triggers_disabled_never_evals(small_cfg):
     c = make(small_cfg, clock=clock, eval_interval=0.0, eval_every_train_iter=0, eval_every_env_step=0,
              collector_task_space=3)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 10_000, "collector_envstep": 10**6})
+    c.update_learner_info("l", {"train_iter": 10_000, "collector_envstep": 10**6})
     clock.advance(10**6)
     assert all(c.get_collector_task()["eval_flag"] is False for _ in range(3))
 
@@ -288,11 +290,11 @@ def test_at_most_one_eval_in_flight(small_cfg):
     clock = FakeClock()
     c = make(small_cfg, clock=clock, eval_interval=1.0, eval_every_train_iter=1, collector_task_space=5)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 10})
+    c.update_learner_info("l", {"train_iter": 10})
     clock.advance(5)
     ev = c.get_collector_task()
     assert ev["eval_flag"] is True
-    c.update_learner_info("l", {"learner_step": 1000})
+    c.update_learner_info("l", {"train_iter": 1000})
     clock.advance(1000)
     others = [c.get_collector_task() for _ in range(4)]
     assert all(t["eval_flag"] is False for t in others)
@@ -305,10 +307,10 @@ def test_at_most_one_eval_in_flight(small_cfg):
 def test_failed_eval_clears_in_flight(small_cfg):
     c = make(small_cfg, eval_every_train_iter=1, collector_task_space=3)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 3})
+    c.update_learner_info("l", {"train_iter": 3})
     ev = c.get_collector_task()
     assert ev["eval_flag"] is True
-    c.update_learner_info("l", {"learner_step": 10})
+    c.update_learner_info("l", {"train_iter": 10})
     assert c.get_collector_task()["eval_flag"] is False
     c.notify_fail_collector_task(ev)
     assert c.get_collector_task()["eval_flag"] is True
@@ -318,7 +320,7 @@ def test_eval_finish_records_last_eval(small_cfg):
     c = make(small_cfg, eval_every_train_iter=1)
     c.get_learner_task()
     assert c.last_eval is None
-    c.update_learner_info("l", {"learner_step": 4, "collector_envstep": 77})
+    c.update_learner_info("l", {"train_iter": 4, "collector_envstep": 77})
     ev = c.get_collector_task()
     c.finish_collector_task(ev["task_id"], finished(ev, reward_mean=12.5, train_iter=4))
     assert c.last_eval["reward_mean"] == 12.5
@@ -335,7 +337,7 @@ def test_convergence_sets_end_flag_and_stops_tasks(small_cfg):
     stop = small_cfg.env.stop_value
     c = make(small_cfg, eval_every_train_iter=1, collector_task_space=3)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 1})
+    c.update_learner_info("l", {"train_iter": 1})
     ev = c.get_collector_task()
     col = c.get_collector_task()
     assert ev["eval_flag"] and not col["eval_flag"]
@@ -352,7 +354,7 @@ def test_convergence_sets_end_flag_and_stops_tasks(small_cfg):
 def test_eval_below_stop_value_does_not_converge(small_cfg):
     c = make(small_cfg, eval_every_train_iter=1)
     c.get_learner_task()
-    c.update_learner_info("l", {"learner_step": 1})
+    c.update_learner_info("l", {"train_iter": 1})
     ev = c.get_collector_task()
     assert c.finish_collector_task(ev["task_id"], finished(ev, reward_mean=small_cfg.env.stop_value - 0.01)) is False
     assert c.end_flag is False
@@ -393,7 +395,7 @@ def test_failed_learner_space_released_once(small_cfg):
 def test_finish_learner_task_resets_ids(small_cfg):
     c = make(small_cfg)
     lt = c.get_learner_task()
-    c.update_learner_info(lt["task_id"], {"learner_step": 50})
+    c.update_learner_info(lt["task_id"], {"train_iter": 50})
     assert c.finish_learner_task(lt["task_id"], {"buffer_id": lt["buffer_id"]}) == lt["buffer_id"]
     assert c.summary()["policy_id"] == "" and c.summary()["buffer_id"] == ""
     assert c.train_iter == 0
@@ -421,28 +423,28 @@ def test_learner_info_history_bounded(small_cfg):
     c = make(small_cfg)
     c.get_learner_task()
     for i in range(1000):
-        c.update_learner_info("l", {"learner_step": i, "collector_envstep": i * 2})
+        c.update_learner_info("l", {"train_iter": i, "collector_envstep": i * 2})
     assert len(c._learner_info) <= 100
     assert _LEARNER_INFO_HISTORY <= 100
     assert c.train_iter == 999
     assert c.total_envstep == 1998
 
 
-def test_collector_info_history_bounded(small_cfg):
+def test_finished_collector_tasks_are_counted_not_kept(small_cfg):
     c = make(small_cfg, collector_task_space=1)
     c.get_learner_task()
     for _ in range(300):
         t = c.get_collector_task()
         c.finish_collector_task(t["task_id"], finished(t, step_count=1))
-    assert len(c._collector_info) <= 100
     assert c.total_envstep == 300
+    assert len(json.dumps(c.state_dict())) < 5000  # nothing grows with the number of tasks
 
 
 def test_update_learner_info_copies(small_cfg):
     c = make(small_cfg)
-    info = {"learner_step": 3}
+    info = {"train_iter": 3}
     c.update_learner_info("l", info)
-    info["learner_step"] = 999
+    info["train_iter"] = 999
     assert c.train_iter == 3
 
 
@@ -457,9 +459,9 @@ def test_total_envstep_is_max_of_both_sources(small_cfg):
     t = c.get_collector_task()
     c.finish_collector_task(t["task_id"], finished(t, step_count=256))
     assert c.total_envstep == 512
-    c.update_learner_info("l", {"learner_step": 1, "collector_envstep": 300})
+    c.update_learner_info("l", {"train_iter": 1, "collector_envstep": 300})
     assert c.total_envstep == 512  # finished sum larger
-    c.update_learner_info("l", {"learner_step": 2, "collector_envstep": 900})
+    c.update_learner_info("l", {"train_iter": 2, "collector_envstep": 900})
     assert c.total_envstep == 900  # learner's live count larger
     assert c.summary()["envstep"] == 900
     assert c.get_collector_task()["envstep"] == 900
@@ -470,7 +472,7 @@ def test_collect_setting_eps_decreases_with_env_steps(small_cfg):
     c.get_learner_task()
     eps = []
     for envstep in (0, 2000, 10_000, 50_000):
-        c.update_learner_info("l", {"learner_step": 1, "collector_envstep": envstep})
+        c.update_learner_info("l", {"train_iter": 1, "collector_envstep": envstep})
         t = c.get_collector_task()
         eps.append(t["collect_setting"]["eps"])
         c.finish_collector_task(t["task_id"], finished(t, step_count=0))

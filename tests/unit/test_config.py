@@ -11,7 +11,8 @@ from easydict import EasyDict
 
 from common.config import (SYSTEM_DEFAULTS, ConfigError, apply_overrides, compile_config, load_config,
                            merge_strict)
-from common.policy.dqn import DQNPolicy
+from common.policy import get_algorithm
+from common.policy.dqn import CONFIG as DQN_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,8 +32,9 @@ def test_defaults_when_main_config_empty():
     assert cfg.env.env_id == "CartPole-v1"
     assert cfg.env.manager.type == "sync"
     assert cfg.commander.collector_task_space == SYSTEM_DEFAULTS["commander"]["collector_task_space"]
-    # The policy section comes from the dqn policy's default_config().
-    assert cfg.policy == DQNPolicy.default_config()
+    # The policy section: system (infrastructure) defaults with DQN's own hyperparameters over them.
+    assert cfg.policy.learn.learner.send_policy_freq == SYSTEM_DEFAULTS["policy"]["learn"]["learner"]["send_policy_freq"]
+    assert cfg.policy.nstep == DQN_CONFIG["nstep"] and cfg.policy.model.obs_shape is None
     assert cfg.policy.learn.batch_size == 64
     assert cfg.policy.other.eps.type == "exp"
     assert cfg.create.policy.type == "dqn"
@@ -41,13 +43,21 @@ def test_defaults_when_main_config_empty():
 
 
 def test_default_config_is_a_copy():
-    d = DQNPolicy.default_config()
-    d["learn"]["batch_size"] = -5
-    assert DQNPolicy.default_config()["learn"]["batch_size"] == 64
-    cfg = compile_config({"policy": {"learn": {"batch_size": 7}}})
+    cfg = compile_config({"policy": {"learn": {"batch_size": 7, "learner": {"send_info_freq": 3}}}})
     assert cfg.policy.learn.batch_size == 7
     assert compile_config({}).policy.learn.batch_size == 64
-    assert SYSTEM_DEFAULTS["policy"] == {}
+    assert get_algorithm("dqn").config["learn"]["batch_size"] == 64
+    assert SYSTEM_DEFAULTS["policy"]["learn"]["learner"]["send_info_freq"] == 20
+
+
+def test_algorithm_config_holds_only_its_hyperparameters():
+    """Infrastructure defaults (limiter, hooks, task_env_steps, data TTL, policy wait) are the system's."""
+    for name in ("dqn", "ppo"):
+        own = get_algorithm(name).config
+        assert "learner" not in own.get("learn", {}) and "collector" not in own.get("collect", {})
+        assert "train_iter_per_env_step" not in own.get("learn", {})
+        cfg = compile_config({}, {"policy": {"type": name}})
+        assert cfg.policy.collect.collector.task_env_steps == 1000 and cfg.policy.collect.collector.data_ttl == 600
 
 
 def test_deep_merge_keeps_sibling_defaults():
@@ -56,7 +66,7 @@ def test_deep_merge_keeps_sibling_defaults():
     assert cfg.policy.learn.learning_rate == 1e-3  # sibling untouched
     assert cfg.policy.learn.learner.hook.log_show_after_iter == 5
     assert cfg.policy.learn.learner.hook.save_ckpt_after_iter == 500
-    assert cfg.policy.learn.learner.send_policy_freq == DQNPolicy.config["learn"]["learner"]["send_policy_freq"]
+    assert cfg.policy.learn.learner.send_policy_freq == SYSTEM_DEFAULTS["policy"]["learn"]["learner"]["send_policy_freq"]
     assert cfg.policy.model.hidden_size_list == [128, 128]
 
 
@@ -261,7 +271,7 @@ def test_deploy_cartpole_config_loads():
     cfg = load_config(REPO / "deploy" / "configs" / "cartpole_dqn.py")
     assert cfg.exp_name == "cartpole_dqn"
     assert cfg.env.stop_value == 195.0
-    assert cfg.policy.model.obs_shape == 4 and cfg.policy.model.action_shape == 2
+    assert cfg.policy.model.obs_shape is None and cfg.policy.model.action_shape is None  # read from the env
     assert cfg.commander.max_wall_seconds == 300.0
     assert cfg.create.commander.type == "solo"
 

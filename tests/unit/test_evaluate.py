@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+
+import numpy as np
 import pytest
 import torch
 
+from common import spaces
 from common.config import compile_config
-from common.policy import create_policy
+from common.policy import create_policy, export
+from common.spaces import SpaceSpec
 from coordinator import evaluate
 from coordinator.cli import main as rqrl_main
 
@@ -23,26 +27,44 @@ def _quiet_sdl(monkeypatch):
     monkeypatch.setenv("SDL_AUDIODRIVER", "dummy")
 
 
-def make_policy(hidden=(16, 16), dueling=True, seed=0):
+CARTPOLE = SpaceSpec("CartPole-v1", "box", (4,), 0, 0, "discrete", 2, 0, 0, (), ())
+
+
+def make_policy(algo="dqn", hidden=(16, 16), seed=0, train_steps=3):
+    """A policy of ``algo`` with non-default sizes, trained a few steps on random data (so its weights are
+    neither the defaults' nor a fresh init's)."""
     torch.manual_seed(seed)
-    cfg = compile_config({"exp_name": "eval_test",
-                          "policy": {"model": {"hidden_size_list": list(hidden), "dueling": dueling}}})
-    return create_policy(cfg, enable_field=("learn",), device="cpu")
+    model = ({"hidden_size_list": list(hidden), "dueling": True} if algo == "dqn"
+             else {"encoder_hidden_size_list": list(hidden), "actor_head_hidden_size": 8, "critic_head_hidden_size": 8})
+    cfg = compile_config({"exp_name": "eval_test", "policy": {"model": model}}, {"policy": {"type": algo}})
+    spaces.check_model(cfg, CARTPOLE)
+    policy = create_policy(cfg, CARTPOLE, modes=("learn", "collect"), device="cpu")
+    rng = np.random.default_rng(seed)
+    for _ in range(train_steps):
+        obs = rng.normal(size=(32, 4)).astype(np.float32)
+        if algo == "dqn":
+            batch = {"obs": obs, "action": rng.integers(0, 2, 32), "reward": np.ones(32, np.float32),
+                     "next_obs": obs, "done": np.ones(32, bool), "discount": np.full(32, 0.9, np.float32)}
+        else:
+            _, rec = policy.act(obs, {}, rng)
+            batch = dict(rec, obs=obs, adv=rng.normal(size=32).astype(np.float32),
+                         ret=np.ones(32, np.float32))
+        policy.learn(batch)
+    return policy
 
 
 @pytest.fixture
 def final_pt(tmp_path):
-    """A plain Q-network state_dict, as the coordinator writes final.pt (hidden [16, 16], dueling)."""
+    """A DQN final.pt as the learner exports it (hidden [16, 16]; the defaults are [128, 128])."""
     path = tmp_path / "final.pt"
-    torch.save(make_policy().model.state_dict(), path)
+    torch.save(export.bundle(make_policy(), train_iter=42), path)
     return path
 
 
 @pytest.fixture
-def learner_ckpt(tmp_path):
-    """A learner checkpoint file: {"policy": policy.state_dict(), "last_iter", "collector_envstep"}."""
-    path = tmp_path / "latest.pth"
-    torch.save({"policy": make_policy().state_dict(), "last_iter": 7, "collector_envstep": 123}, path)
+def ppo_final_pt(tmp_path):
+    path = tmp_path / "ppo_final.pt"
+    torch.save(export.bundle(make_policy("ppo"), train_iter=7), path)
     return path
 
 
@@ -62,8 +84,7 @@ def test_eval_final_pt_two_episodes(final_pt, capsys):
     out, err = capsys.readouterr()
     assert "return over 2 episodes" in out and "±" in out
     assert "CartPole-v1" in out
-    # The config default is [128, 128]: the sizes were read from the tensors, with a note.
-    assert "hidden_size_list [16, 16]" in err
+    assert err == ""  # the final.pt carries its own config: nothing to guess
 
 
 def test_eval_through_rqrl_cli(final_pt, capsys):
@@ -71,36 +92,42 @@ def test_eval_through_rqrl_cli(final_pt, capsys):
     assert "return over 2 episodes" in capsys.readouterr().out
 
 
-def test_learner_checkpoint_gives_same_returns_as_final_pt(final_pt, learner_ckpt):
-    a = evaluate.evaluate_checkpoint(final_pt, episodes=2, seed=5)
-    b = evaluate.evaluate_checkpoint(learner_ckpt, episodes=2, seed=5)
-    assert len(a.returns) == 2 and len(a.lengths) == 2
-    assert a.returns == b.returns and a.lengths == b.lengths
-    assert all(r > 0 for r in a.returns)  # CartPole pays 1 per step
+def test_ppo_and_dqn_final_pt_play_alike(final_pt, ppo_final_pt):
+    for path in (final_pt, ppo_final_pt):
+        res = evaluate.evaluate_checkpoint(path, episodes=2, seed=5)
+        assert len(res.returns) == 2 and all(r > 0 for r in res.returns)  # CartPole pays 1 per step
 
 
-def test_infers_non_dueling_and_other_sizes(tmp_path):
+def test_played_policy_is_the_saved_one(tmp_path):
+    """Same returns as the exported policy itself, and other ones than a fresh policy of the same seed."""
+    trained = make_policy(train_steps=200)
+    path = tmp_path / "final.pt"
+    torch.save(export.bundle(trained, train_iter=200), path)
+    saved = evaluate.load_saved(path)
+    assert saved.train_iter == 200
+    for k, v in trained.get_weights().items():
+        np.testing.assert_array_equal(saved.weights[k].numpy(), v)
+    fresh = make_policy(train_steps=0)
+    obs = np.random.default_rng(0).normal(size=(512, 4)).astype(np.float32)
+    assert (fresh.act_eval(obs) != trained.act_eval(obs)).any()
+
+
+def test_bare_state_dict_with_the_runs_config(tmp_path, capsys):
     path = tmp_path / "plain.pt"
-    torch.save(make_policy(hidden=(8,), dueling=False).model.state_dict(), path)
-    res = evaluate.evaluate_checkpoint(path, episodes=1)
-    assert len(res.returns) == 1
-    assert any("dueling False" in n for n in res.notes)
-
-
-def test_infer_model_reads_shapes():
-    state = make_policy(hidden=(24, 12), dueling=True).model.state_dict()
-    assert evaluate.infer_model(state, "x") == {"obs_shape": 4, "action_shape": 2, "hidden_size_list": [24, 12],
-                                               "dueling": True}
-
-
-def test_config_file_and_default_episodes(final_pt, tmp_path, capsys):
+    torch.save({k: torch.from_numpy(v) for k, v in make_policy().get_weights().items()}, path)
     cfg = tmp_path / "cfg.py"
     cfg.write_text("main_config = dict(exp_name='e', env=dict(n_evaluator_episode=3),"
                    " policy=dict(model=dict(hidden_size_list=[16, 16])))\n")
-    assert evaluate.main([str(final_pt), "--config", str(cfg)]) == 0
-    out, err = capsys.readouterr()
-    assert "over 3 episodes" in out
-    assert "note" not in err  # the config matches the tensors
+    assert evaluate.main([str(path), "--config", str(cfg)]) == 0
+    assert "over 3 episodes" in capsys.readouterr().out
+    # Without the config the default sizes do not fit: the error names a tensor.
+    assert evaluate.main([str(path)]) == 1
+    one_line_error(capsys, str(path), "encoder.0.weight")
+
+
+def test_config_env_section_replaces_the_final_pts(final_pt, tmp_path):
+    res = evaluate.evaluate_checkpoint(final_pt, episodes=2, overrides=("env.env_kwargs.max_episode_steps=7",))
+    assert max(res.lengths) <= 7
 
 
 def test_seed_is_reproducible(final_pt):
@@ -166,51 +193,51 @@ def test_torch_file_of_another_layout(tmp_path, capsys):
     one_line_error(capsys, str(other), "neither")
 
 
-def test_wrong_obs_size_names_tensor(tmp_path, capsys):
-    state = make_policy().model.state_dict()
-    state["encoder.0.weight"] = torch.zeros(16, 5)
-    path = tmp_path / "wide.pt"
+def _bare(tmp_path, state, name):
+    path = tmp_path / name
     torch.save(state, path)
-    assert evaluate.main([str(path)]) == 1
-    one_line_error(capsys, str(path), "encoder.0.weight", "CartPole-v1")
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text("main_config = dict(exp_name='e', policy=dict(model=dict(hidden_size_list=[16, 16])))\n")
+    return path, cfg
+
+
+def test_wrong_obs_size_names_tensor(tmp_path, capsys):
+    state = {k: torch.from_numpy(v) for k, v in make_policy().get_weights().items()}
+    state["encoder.0.weight"] = torch.zeros(16, 5)
+    path, cfg = _bare(tmp_path, state, "wide.pt")
+    assert evaluate.main([str(path), "--config", str(cfg)]) == 1
+    one_line_error(capsys, str(path), "encoder.0.weight", "(16, 5)")
 
 
 def test_wrong_action_count_names_tensor(tmp_path, capsys):
-    policy = make_policy()
-    state = policy.model.state_dict()
+    state = {k: torch.from_numpy(v) for k, v in make_policy().get_weights().items()}
     state["advantage.weight"] = torch.zeros(3, 16)
     state["advantage.bias"] = torch.zeros(3)
-    path = tmp_path / "three.pt"
-    torch.save(state, path)
-    assert evaluate.main([str(path)]) == 1
+    path, cfg = _bare(tmp_path, state, "three.pt")
+    assert evaluate.main([str(path), "--config", str(cfg)]) == 1
     one_line_error(capsys, "advantage.weight")
 
 
-def test_layers_that_do_not_chain_name_tensor(tmp_path, capsys):
-    state = make_policy().model.state_dict()
-    state["encoder.2.weight"] = torch.zeros(16, 9)
-    path = tmp_path / "chain.pt"
-    torch.save(state, path)
-    assert evaluate.main([str(path)]) == 1
-    one_line_error(capsys, "encoder.2.weight")
-
-
-def test_wrong_bias_shape_names_tensor(tmp_path, capsys):
-    state = make_policy().model.state_dict()
-    state["encoder.0.bias"] = torch.zeros(7)
-    path = tmp_path / "bias.pt"
-    torch.save(state, path)
-    assert evaluate.main([str(path)]) == 1
-    one_line_error(capsys, "encoder.0.bias")
-
-
 def test_unexpected_tensor_names_it(tmp_path, capsys):
-    state = make_policy().model.state_dict()
+    state = {k: torch.from_numpy(v) for k, v in make_policy().get_weights().items()}
     state["lstm.weight"] = torch.zeros(2, 2)
-    path = tmp_path / "extra.pt"
-    torch.save(state, path)
-    assert evaluate.main([str(path)]) == 1
+    path, cfg = _bare(tmp_path, state, "extra.pt")
+    assert evaluate.main([str(path), "--config", str(cfg)]) == 1
     one_line_error(capsys, "lstm.weight")
+
+
+def test_non_finite_weights_refused(tmp_path, capsys):
+    bundle = export.bundle(make_policy(), train_iter=1)
+    bundle["weights"]["advantage.bias"][0] = float("nan")
+    path = tmp_path / "nan.pt"
+    torch.save(bundle, path)
+    assert evaluate.main([str(path)]) == 1
+    one_line_error(capsys, "advantage.bias", "NaN")
+
+
+def test_policy_of_other_spaces_refused(final_pt, capsys):
+    assert evaluate.main([str(final_pt), "--set", "env.env_id=Acrobot-v1"]) == 1
+    one_line_error(capsys, "Acrobot-v1", "spaces")
 
 
 def test_zero_episodes(final_pt, capsys):

@@ -1,4 +1,4 @@
-"""Unit tests for common/policy/dqn.py: n-step adder, epsilon schedule, learn step, weights I/O."""
+"""Unit tests for common/policy/dqn/: n-step adder, epsilon schedule, learn step, weights I/O."""
 
 from __future__ import annotations
 
@@ -11,10 +11,26 @@ import pytest
 import torch
 from easydict import EasyDict
 
-from common.policy import create_policy
-from common.policy.dqn import DQNPolicy, NStepAdder, QNetwork
+from common.policy import create_policy, get_algorithm
+from common.policy.dqn import collect_setting
+from common.policy.dqn.policy import DQNPolicy, NStepAdder, QNetwork
+from common.spaces import SpaceSpec
 
 GAMMA = 0.9
+CARTPOLE = SpaceSpec("CartPole-v1", "box", (4,), 0, 0, "discrete", 2, 0, 0, (), ())
+
+
+def rows_of(out):
+    """Adder output (dict of stacked arrays or None) as (obs, action, reward, next_obs, done, discount) tuples."""
+    if out is None:
+        return []
+    return [(out["obs"][i], int(out["action"][i]), float(out["reward"][i]), out["next_obs"][i], bool(out["done"][i]),
+             float(out["discount"][i])) for i in range(len(out["action"]))]
+
+
+def add(adder, step):
+    obs, action, reward, nxt, term, trunc = step
+    return rows_of(adder.add(obs, {"action": action}, reward, nxt, term, trunc))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -34,7 +50,7 @@ def policy_cfg(small_cfg, **learn):
 
 def make_policy(small_cfg, seed=0, **learn):
     torch.manual_seed(seed)
-    return create_policy(policy_cfg(small_cfg, **learn), device="cpu")
+    return create_policy(policy_cfg(small_cfg, **learn), CARTPOLE, device="cpu")
 
 
 def step_arrays(env_num, t, terminated=(), truncated=()):
@@ -52,9 +68,9 @@ def step_arrays(env_num, t, terminated=(), truncated=()):
 
 def test_nstep_emits_after_n_steps_with_discounted_return():
     adder = NStepAdder(1, 3, GAMMA)
-    assert adder.add(*step_arrays(1, 0)) == []
-    assert adder.add(*step_arrays(1, 1)) == []
-    out = adder.add(*step_arrays(1, 2))
+    assert add(adder, step_arrays(1, 0)) == []
+    assert add(adder, step_arrays(1, 1)) == []
+    out = add(adder, step_arrays(1, 2))
     assert len(out) == 1
     obs, action, ret, next_obs, done, discount = out[0]
     np.testing.assert_array_equal(obs, [0, 0])
@@ -63,7 +79,7 @@ def test_nstep_emits_after_n_steps_with_discounted_return():
     np.testing.assert_array_equal(next_obs, [3, 0])  # obs 3 steps after t=0
     assert done is False
     assert discount == pytest.approx(GAMMA ** 3)
-    out = adder.add(*step_arrays(1, 3))
+    out = add(adder, step_arrays(1, 3))
     assert len(out) == 1
     obs, action, ret, next_obs, done, discount = out[0]
     np.testing.assert_array_equal(obs, [1, 0])
@@ -74,11 +90,12 @@ def test_nstep_emits_after_n_steps_with_discounted_return():
 
 def test_nstep_terminated_flushes_with_done_true():
     adder = NStepAdder(1, 3, GAMMA)
-    adder.add(*step_arrays(1, 0))
-    out = adder.add(*step_arrays(1, 1, terminated={0}))
+    add(adder, step_arrays(1, 0))
+    out = add(adder, step_arrays(1, 1, terminated={0}))
     assert len(out) == 2
     (o0, a0, r0, n0, d0, g0), (o1, a1, r1, n1, d1, g1) = out
-    np.testing.assert_array_equal(o0, [0, 0]) and np.testing.assert_array_equal(o1, [1, 0])
+    np.testing.assert_array_equal(o0, [0, 0])
+    np.testing.assert_array_equal(o1, [1, 0])
     assert (a0, a1) == (0, 1)
     assert r0 == pytest.approx(1 + GAMMA * 2)
     assert r1 == pytest.approx(2)
@@ -87,14 +104,14 @@ def test_nstep_terminated_flushes_with_done_true():
     assert d0 is True and d1 is True
     assert g0 == pytest.approx(GAMMA ** 2) and g1 == pytest.approx(GAMMA)
     # Nothing pending afterwards: a flush emits nothing.
-    assert adder.flush(np.zeros((1, 2), np.float32)) == []
+    assert rows_of(adder.flush(np.zeros((1, 2), np.float32))) == []
 
 
 def test_nstep_truncated_flushes_with_done_false():
     adder = NStepAdder(1, 3, GAMMA)
-    adder.add(*step_arrays(1, 0))
-    adder.add(*step_arrays(1, 1))
-    out = adder.add(*step_arrays(1, 2, truncated={0}))
+    add(adder, step_arrays(1, 0))
+    add(adder, step_arrays(1, 1))
+    out = add(adder, step_arrays(1, 2, truncated={0}))
     assert len(out) == 3
     assert [row[4] for row in out] == [False, False, False]
     assert [row[5] for row in out] == pytest.approx([GAMMA ** 3, GAMMA ** 2, GAMMA])
@@ -105,7 +122,7 @@ def test_nstep_truncated_flushes_with_done_false():
 
 def test_nstep_terminated_on_first_step():
     adder = NStepAdder(1, 3, GAMMA)
-    out = adder.add(*step_arrays(1, 0, terminated={0}))
+    out = add(adder, step_arrays(1, 0, terminated={0}))
     assert len(out) == 1
     _, _, ret, nxt, done, disc = out[0]
     assert ret == pytest.approx(1.0) and done is True and disc == pytest.approx(GAMMA)
@@ -114,10 +131,10 @@ def test_nstep_terminated_on_first_step():
 
 def test_nstep_flush_emits_pending_with_done_false():
     adder = NStepAdder(2, 3, GAMMA)
-    adder.add(*step_arrays(2, 0))
-    adder.add(*step_arrays(2, 1))
+    add(adder, step_arrays(2, 0))
+    add(adder, step_arrays(2, 1))
     boot = np.array([[100, 0], [200, 1]], dtype=np.float32)
-    out = adder.flush(boot)
+    out = rows_of(adder.flush(boot))
     assert len(out) == 4
     assert all(row[4] is False for row in out)
     by_env = {}
@@ -129,19 +146,19 @@ def test_nstep_flush_emits_pending_with_done_false():
             np.testing.assert_array_equal(row[3], boot[env])
         assert [r[5] for r in rows] == pytest.approx([GAMMA ** 2, GAMMA])
         assert [r[2] for r in rows] == pytest.approx([1 + GAMMA * 2, 2])
-    assert adder.flush(boot) == []
+    assert rows_of(adder.flush(boot)) == []
 
 
 def test_nstep_envs_are_independent():
     adder = NStepAdder(3, 2, GAMMA)
-    out = adder.add(*step_arrays(3, 0, terminated={1}))
+    out = add(adder, step_arrays(3, 0, terminated={1}))
     assert len(out) == 1 and out[0][0][1] == 1 and out[0][4] is True
-    out = adder.add(*step_arrays(3, 1, truncated={2}))
+    out = add(adder, step_arrays(3, 1, truncated={2}))
     # env 0: 2 pending -> emits 1; env 1: 1 pending; env 2: truncated -> flushes its 2.
     envs = sorted(int(r[0][1]) for r in out)
     assert envs == [0, 2, 2]
     assert all(r[4] is False for r in out)
-    out = adder.add(*step_arrays(3, 2))
+    out = add(adder, step_arrays(3, 2))
     envs = sorted(int(r[0][1]) for r in out)
     assert envs == [0, 1]  # env 2 restarted with one pending step
     env1 = [r for r in out if int(r[0][1]) == 1][0]
@@ -151,7 +168,7 @@ def test_nstep_envs_are_independent():
 
 def test_nstep_one_is_plain_td():
     adder = NStepAdder(1, 1, GAMMA)
-    out = adder.add(*step_arrays(1, 0))
+    out = add(adder, step_arrays(1, 0))
     assert len(out) == 1 and out[0][2] == pytest.approx(1.0) and out[0][5] == pytest.approx(GAMMA)
 
 
@@ -159,12 +176,12 @@ def test_policy_rejects_nstep_zero(small_cfg):
     cfg = EasyDict(copy.deepcopy(small_cfg))
     cfg.policy.nstep = 0
     with pytest.raises(ValueError, match="nstep"):
-        create_policy(cfg)
+        create_policy(cfg, CARTPOLE)
 
 
 def test_make_adder_uses_policy_gamma_and_nstep(small_cfg):
     p = make_policy(small_cfg)
-    adder = p.collect_mode.make_adder(4)
+    adder = p.make_adder(4, {"eps": 0.5})
     assert adder.nstep == small_cfg.policy.nstep
     assert adder.gamma == pytest.approx(small_cfg.policy.discount_factor)
 
@@ -172,14 +189,13 @@ def test_make_adder_uses_policy_gamma_and_nstep(small_cfg):
 # ---------------------------------------------------------------- epsilon schedule
 
 def test_eps_exp_schedule(small_cfg):
-    p = create_policy(small_cfg, enable_field=("command",))
     e = small_cfg.policy.other.eps
-    get = lambda n: p.command_mode.get_setting_collect({"envstep": n})["eps"]
+    get = lambda n: collect_setting(small_cfg.policy, {"envstep": n})["eps"]
     assert get(0) == pytest.approx(e.start)
     assert get(e.decay) == pytest.approx(e.end + (e.start - e.end) * math.exp(-1))
     assert get(10**9) == pytest.approx(e.end)
     assert get(-50) == pytest.approx(e.start)
-    assert p.command_mode.get_setting_collect({})["eps"] == pytest.approx(e.start)
+    assert collect_setting(small_cfg.policy, {})["eps"] == pytest.approx(e.start)
     vals = [get(n) for n in range(0, 50_000, 5_000)]
     assert all(a > b for a, b in zip(vals, vals[1:]))
     assert isinstance(get(3), float)
@@ -188,8 +204,7 @@ def test_eps_exp_schedule(small_cfg):
 def test_eps_linear_schedule(small_cfg):
     cfg = EasyDict(copy.deepcopy(small_cfg))
     cfg.policy.other.eps.update(type="linear", start=1.0, end=0.1, decay=1000)
-    p = create_policy(cfg, enable_field=("command",))
-    get = lambda n: p.get_setting_collect({"envstep": n})["eps"]
+    get = lambda n: collect_setting(cfg.policy, {"envstep": n})["eps"]
     assert get(0) == pytest.approx(1.0)
     assert get(500) == pytest.approx(0.55)
     assert get(1000) == pytest.approx(0.1)
@@ -199,16 +214,19 @@ def test_eps_linear_schedule(small_cfg):
 def test_eps_unknown_type(small_cfg):
     cfg = EasyDict(copy.deepcopy(small_cfg))
     cfg.policy.other.eps.type = "cosine"
-    p = create_policy(cfg, enable_field=("command",))
     with pytest.raises(ValueError, match="cosine"):
-        p.get_setting_collect({"envstep": 1})
+        collect_setting(cfg.policy, {"envstep": 1})
 
 
-def test_command_only_policy_has_no_network(small_cfg):
-    p = create_policy(small_cfg, enable_field=("command",))
-    assert not hasattr(p, "model")
-    with pytest.raises(AttributeError, match="learn"):
-        p.learn_mode
+def test_collect_only_policy_has_no_optimizer_or_target(small_cfg):
+    p = create_policy(small_cfg, CARTPOLE, modes=("collect",), device="cpu")
+    assert not hasattr(p, "target_model") and not hasattr(p, "optimizer")
+
+
+def test_box_actions_refused_naming_the_env(small_cfg):
+    spec = SpaceSpec("Pendulum-v1", "box", (3,), 0, 0, "box", 0, 0, 1, (-2.0,), (2.0,))
+    with pytest.raises(ValueError, match="Pendulum-v1.*Box action"):
+        create_policy(small_cfg, spec, device="cpu")
 
 
 # ---------------------------------------------------------------- learn mode
@@ -228,12 +246,12 @@ def fixed_batch(n=32, obs_dim=4, seed=0):
 def test_learn_converges_to_terminal_reward(small_cfg):
     p = make_policy(small_cfg, learning_rate=3e-3)
     batch = fixed_batch()
-    first = p.learn_mode.forward(batch)
-    assert set(first) >= {"cur_lr", "total_loss", "q_value", "target_q_value", "priority_mean", "priority"}
+    first = p.learn(batch)
+    assert set(first) >= {"cur_lr", "total_loss", "q_value", "target_q_value"}
+    assert all(isinstance(v, float) for v in first.values())
     assert first["target_q_value"] == pytest.approx(1.0)  # done everywhere: target = reward
-    assert first["priority"].shape == (32,) and first["priority"].dtype == np.float32
     for _ in range(200):
-        last = p.learn_mode.forward(batch)
+        last = p.learn(batch)
     assert last["total_loss"] < first["total_loss"] * 0.1
     assert last["total_loss"] < 1e-3
     with torch.no_grad():
@@ -241,16 +259,24 @@ def test_learn_converges_to_terminal_reward(small_cfg):
     np.testing.assert_allclose(q.numpy(), 1.0, atol=0.1)
 
 
-def test_learn_bootstraps_from_target_when_not_done(small_cfg):
-    p = make_policy(small_cfg)
-    batch = fixed_batch()
+def test_learn_is_double_dqn(small_cfg):
+    """Target = r + g^k Q_target(s', argmax_a Q_online(s', a)): online and target nets made to differ
+    first, so vanilla DQN (max_a Q_target) and a target-only argmax give other numbers."""
+    p = make_policy(small_cfg, target_update_freq=10**6, learning_rate=1e-2)
+    for i in range(30):  # train the online net away from the (frozen) target net
+        p.learn(fixed_batch(seed=10 + i))
+    batch = fixed_batch(seed=99)
     batch["done"][:] = False
     with torch.no_grad():
-        nq = p.target_model(torch.as_tensor(batch["next_obs"]))
-        best = p.model(torch.as_tensor(batch["next_obs"])).argmax(1, keepdim=True)
-        expected = batch["reward"] + batch["discount"] * nq.gather(1, best).squeeze(1).numpy()
-    out = p.learn_mode.forward(batch)
-    assert out["target_q_value"] == pytest.approx(float(expected.mean()), rel=1e-5)
+        nxt = torch.as_tensor(batch["next_obs"])
+        q_online = p.model(nxt).numpy().astype(np.float64)
+        q_target = p.target_model(nxt).numpy().astype(np.float64)
+    rows = np.arange(len(q_online))
+    double = batch["reward"] + batch["discount"] * q_target[rows, q_online.argmax(1)]
+    vanilla = batch["reward"] + batch["discount"] * q_target.max(1)
+    assert abs(double.mean() - vanilla.mean()) > 1e-3  # the nets differ where it matters
+    out = p.learn(batch)
+    assert out["target_q_value"] == pytest.approx(float(double.mean()), rel=1e-5)
 
 
 def _params_equal(a, b):
@@ -263,7 +289,7 @@ def test_target_network_copied_every_target_update_freq(small_cfg):
     assert _params_equal(p.model, p.target_model)
     initial_target = copy.deepcopy(p.target_model.state_dict())
     for i in range(1, 13):
-        p.learn_mode.forward(batch)
+        p.learn(batch)
         if i % 5 == 0:
             assert _params_equal(p.model, p.target_model), i
         else:
@@ -273,62 +299,62 @@ def test_target_network_copied_every_target_update_freq(small_cfg):
     assert not any(t.requires_grad for t in p.target_model.parameters())
 
 
-def test_publishable_state_load_weights_same_greedy_actions(small_cfg):
+def test_get_weights_set_weights_same_greedy_actions(small_cfg):
     learner = make_policy(small_cfg, seed=1)
     for _ in range(5):
-        learner.learn_mode.forward(fixed_batch(seed=3))
-    weights = learner.learn_mode.publishable_state()
+        learner.learn(fixed_batch(seed=3))
+    weights = learner.get_weights()
     assert all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in weights.values())
     assert set(weights) == set(learner.model.state_dict())
-    collector = create_policy(policy_cfg(small_cfg), enable_field=("collect", "eval"), device="cpu")
+    collector = create_policy(policy_cfg(small_cfg), CARTPOLE, modes=("collect",), device="cpu")
     obs = np.random.default_rng(5).normal(size=(256, 4)).astype(np.float32)
     torch.manual_seed(99)
-    collector2 = create_policy(policy_cfg(small_cfg), enable_field=("collect", "eval"), device="cpu")
-    collector.collect_mode.load_weights(weights)
-    np.testing.assert_array_equal(collector.eval_mode.greedy(obs), learner.greedy(obs))
+    collector2 = create_policy(policy_cfg(small_cfg), CARTPOLE, modes=("eval",), device="cpu")
+    collector.set_weights(weights)
+    np.testing.assert_array_equal(collector.act_eval(obs), learner.act_eval(obs))
     # Through the wire format too.
     from common import serialization
-    collector2.collect_mode.load_weights(serialization.loads(serialization.dumps(weights)))
-    np.testing.assert_array_equal(collector2.eval_mode.greedy(obs), learner.greedy(obs))
-    assert collector.eval_mode.greedy(obs).dtype == np.int64
+    collector2.set_weights(serialization.loads(serialization.dumps(weights)))
+    np.testing.assert_array_equal(collector2.act_eval(obs), learner.act_eval(obs))
+    assert collector.act_eval(obs).dtype == np.int64
 
 
-def test_publishable_state_follows_training(small_cfg):
+def test_get_weights_follows_training(small_cfg):
     p = make_policy(small_cfg)
-    w = p.publishable_state()
+    w = p.get_weights()
     snap = {k: v.copy() for k, v in w.items()}
     for _ in range(3):
-        p.learn_mode.forward(fixed_batch())
+        p.learn(fixed_batch())
     # A publication after more training carries the new weights.
-    w2 = p.publishable_state()
+    w2 = p.get_weights()
     assert any(not np.array_equal(w2[k], snap[k]) for k in snap)
 
 
-def test_load_weights_missing_tensor(small_cfg):
+def test_set_weights_missing_tensor(small_cfg):
     p = make_policy(small_cfg)
-    w = p.publishable_state()
+    w = p.get_weights()
     name = sorted(w)[0]
     del w[name]
     with pytest.raises(ValueError, match="missing") as ei:
-        p.load_weights(w)
+        p.set_weights(w)
     assert name in str(ei.value)
 
 
-def test_load_weights_unexpected_tensor(small_cfg):
+def test_set_weights_unexpected_tensor(small_cfg):
     p = make_policy(small_cfg)
-    w = p.publishable_state()
+    w = p.get_weights()
     w["bogus.weight"] = np.zeros(3, np.float32)
     with pytest.raises(ValueError, match="bogus.weight"):
-        p.load_weights(w)
+        p.set_weights(w)
 
 
-def test_load_weights_misshaped_tensor(small_cfg):
+def test_set_weights_misshaped_tensor(small_cfg):
     p = make_policy(small_cfg)
-    w = p.publishable_state()
+    w = p.get_weights()
     before = {k: v.clone() for k, v in p.model.state_dict().items()}
     w["encoder.0.weight"] = np.zeros((3, 3), np.float32)
     with pytest.raises(ValueError) as ei:
-        p.load_weights(w)
+        p.set_weights(w)
     assert "encoder.0.weight" in str(ei.value) and "(3, 3)" in str(ei.value)
     # Nothing was loaded.
     assert all(torch.equal(v, before[k]) for k, v in p.model.state_dict().items())
@@ -338,17 +364,30 @@ def test_act_eps_zero_is_greedy_eps_one_is_random(small_cfg):
     p = make_policy(small_cfg)
     obs = np.random.default_rng(0).normal(size=(500, 4)).astype(np.float32)
     rng = np.random.default_rng(1)
-    np.testing.assert_array_equal(p.act(obs, 0.0, rng), p.greedy(obs))
-    acts = p.act(obs, 1.0, rng)
+    greedy = p.act_eval(obs)
+    acts, record = p.act(obs, {"eps": 0.0}, rng)
+    np.testing.assert_array_equal(acts, greedy)
+    np.testing.assert_array_equal(record["action"], greedy)
+    acts, _ = p.act(obs, {"eps": 1.0}, rng)
     assert set(np.unique(acts)) == {0, 1}
-    assert 150 < int((acts != p.greedy(obs)).sum()) < 350  # ~half differ when fully random
+    assert 150 < int((acts != greedy).sum()) < 350  # ~half differ when fully random
+
+
+def test_discrete_action_start_is_applied_to_env_actions_only(small_cfg):
+    spec = SpaceSpec("Shifted-v0", "box", (4,), 0, 0, "discrete", 3, -1, 0, (), ())
+    p = create_policy(small_cfg, spec, device="cpu")
+    obs = np.random.default_rng(0).normal(size=(300, 4)).astype(np.float32)
+    env_actions, record = p.act(obs, {"eps": 1.0}, np.random.default_rng(2))
+    assert set(np.unique(env_actions)) == {-1, 0, 1}
+    np.testing.assert_array_equal(record["action"], env_actions + 1)  # stored as an index in [0, n)
+    assert set(np.unique(p.act_eval(obs))) <= {-1, 0, 1}
 
 
 def test_state_dict_roundtrip_via_torch_save(small_cfg):
     a = make_policy(small_cfg, seed=2, target_update_freq=7)
     batch = fixed_batch(seed=4)
     for _ in range(10):
-        a.learn_mode.forward(batch)
+        a.learn(batch)
     buf = io.BytesIO()
     torch.save(a.state_dict(), buf)
     buf.seek(0)
@@ -356,36 +395,29 @@ def test_state_dict_roundtrip_via_torch_save(small_cfg):
     b = make_policy(small_cfg, seed=123, target_update_freq=7)
     assert not _params_equal(a.model, b.model)
     b.load_state_dict(state)
-    assert b._iter == 10
+    assert b._updates == 10
     assert _params_equal(a.model, b.model)
     assert _params_equal(a.target_model, b.target_model)
     # Optimizer moments and the iteration count came along: the next steps match exactly,
     # including the target copy at iteration 14.
     for _ in range(5):
-        la = a.learn_mode.forward(batch)["total_loss"]
-        lb = b.learn_mode.forward(batch)["total_loss"]
+        la = a.learn(batch)["total_loss"]
+        lb = b.learn(batch)["total_loss"]
         assert la == pytest.approx(lb, rel=1e-6, abs=1e-9)
     assert _params_equal(a.model, b.model)
     assert _params_equal(a.target_model, b.target_model)
 
 
-def test_get_attribute(small_cfg):
-    p = make_policy(small_cfg)
-    assert p.get_attribute("batch_size") == small_cfg.policy.learn.batch_size
-    assert p.get_attribute("nstep") == small_cfg.policy.nstep
-    assert p.get_attribute("device") == torch.device("cpu")
-
-
 @pytest.mark.parametrize("dueling", [True, False])
 def test_qnetwork_shapes(dueling):
-    net = QNetwork(4, 3, [8, 8], dueling=dueling)
+    net = QNetwork(SpaceSpec("X-v0", "box", (4,), 0, 0, "discrete", 3, 0, 0, (), ()), [8, 8], dueling=dueling)
     out = net(torch.zeros(5, 4))
     assert out.shape == (5, 3)
 
 
 def test_dueling_head_advantage_is_centered():
     torch.manual_seed(0)
-    net = QNetwork(4, 3, [8], dueling=True)
+    net = QNetwork(SpaceSpec("X-v0", "box", (4,), 0, 0, "discrete", 3, 0, 0, (), ()), [8], dueling=True)
     x = torch.randn(6, 4)
     q = net(x)
     v = net.value(net.encoder(x))
@@ -393,6 +425,6 @@ def test_dueling_head_advantage_is_centered():
 
 
 def test_registered_as_dqn():
-    from common.registry import POLICY_REGISTRY
-
-    assert POLICY_REGISTRY.get("dqn") is DQNPolicy
+    algo = get_algorithm("dqn")
+    assert algo.data_source == "replay" and algo.policy_class == "common.policy.dqn.policy:DQNPolicy"
+    assert algo.collect_setting is collect_setting

@@ -23,7 +23,7 @@ def _seed(conn):
     for ts, it, env in ((now - 10, 1000, 5000), (now, 2000, 10000)):
         conn.xadd(keys.events("exp_a"), streams.encode_fields({
             "type": "learner_info", "task_id": "learner_task_1", "task_type": "learner", "ts": ts,
-            "learner_step": it, "collector_envstep": env}), id=f"{int(ts * 1000)}-0")
+            "train_iter": it, "collector_envstep": env}), id=f"{int(ts * 1000)}-0")
 
 
 def test_collect_status_reports_everything_from_redis(fake_redis):

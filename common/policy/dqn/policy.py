@@ -1,0 +1,206 @@
+"""Double DQN with a target network and n-step returns, in one file.
+
+Chunk rows (``B`` rows, ``*O`` the stored observation shape, see common/spaces.py)::
+
+    obs       float32 (B, *O) | int64 (B,)   observation at t
+    action    int64   (B,)     action index at t (the env got index + the space's start)
+    reward    float32 (B,)     n-step discounted return  r_t + g r_{t+1} + ... + g^{k-1} r_{t+k-1}
+    next_obs  like obs         observation at t+k (the bootstrap state)
+    done      bool    (B,)     an episode *terminated* within those k steps (truncation is not terminal)
+    discount  float32 (B,)     g^k, the bootstrap discount (k <= nstep is shorter at episode ends)
+
+Learn step (van Hasselt et al. 2016, double DQN)::
+
+    a*     = argmax_a Q_online(next_obs, a)
+    target = reward + discount * (1 - done) * Q_target(next_obs, a*)
+    loss   = Huber(Q_online(obs, action), target)
+
+The target network is copied from the online one every ``target_update_freq`` train iterations.
+Acting is epsilon-greedy with ``eps`` from the task's collect setting (common/policy/dqn/__init__.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from easydict import EasyDict
+
+from common.policy import nets
+from common.policy.base import Policy, Schema
+from common.spaces import SpaceError, SpaceSpec
+
+
+class QNetwork(nn.Module):
+    """MLP Q-network: observations -> Q values float32 (B, n_actions); optional dueling head."""
+
+    def __init__(self, spec: SpaceSpec, hidden_size_list: list[int], dueling: bool = True) -> None:
+        super().__init__()
+        self.spec = spec
+        self.encoder = nets.mlp([spec.obs_dim, *hidden_size_list])
+        last = hidden_size_list[-1] if hidden_size_list else spec.obs_dim
+        self.dueling = dueling
+        if dueling:
+            self.advantage = nn.Linear(last, spec.action_n)
+            self.value = nn.Linear(last, 1)
+        else:
+            self.head = nn.Linear(last, spec.action_n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: encoded observations float32 (B, obs_dim) (see ``nets.obs_tensor``)."""
+        h = self.encoder(x)
+        if self.dueling:
+            adv = self.advantage(h)
+            return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
+        return self.head(h)
+
+
+class DQNPolicy(Policy):
+    """Double DQN (see the module docstring); acting network = the online Q-network."""
+
+    def __init__(self, cfg: EasyDict, spec: SpaceSpec, modes: tuple[str, ...] = ("learn", "collect", "eval"),
+                 device: Optional[str] = None) -> None:
+        super().__init__(cfg, spec, modes, device)
+        if spec.action_kind != "discrete":
+            raise SpaceError(f"env {spec.env_id!r} has a Box action space; DQN needs Discrete actions "
+                             "(use create_config.policy.type='ppo' for continuous control)")
+        p = cfg.policy
+        self._gamma = float(p.discount_factor)
+        self._nstep = int(p.nstep)
+        if self._nstep < 1:
+            raise ValueError(f"config key 'policy.nstep' must be >= 1, got {self._nstep}")
+        self.device = nets.pick_device(cfg, device)
+        self.model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling).to(self.device)
+        if "learn" in self.modes:
+            self.target_model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling).to(self.device)
+            self.target_model.load_state_dict(self.model.state_dict())
+            self.target_model.requires_grad_(False)
+            self.optimizer = nets.adam(self.model.parameters(), p.learn.learning_rate)
+            self._updates = 0
+
+    def schema(self) -> Schema:
+        s, f32 = self.spec, np.dtype(np.float32)
+        obs = (s.obs_shape, s.obs_dtype)
+        return {"obs": obs, "action": ((), np.dtype(np.int64)), "reward": ((), f32), "next_obs": obs,
+                "done": ((), np.dtype(np.bool_)), "discount": ((), f32)}
+
+    # ------------------------------------------------------------------ learn
+    def learn(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        dev, lc = self.device, self.cfg.policy.learn
+        obs = nets.obs_tensor(self.spec, batch["obs"], dev)
+        next_obs = nets.obs_tensor(self.spec, batch["next_obs"], dev)
+        action = torch.as_tensor(batch["action"], dtype=torch.int64, device=dev)
+        reward = torch.as_tensor(batch["reward"], dtype=torch.float32, device=dev)
+        not_done = 1.0 - torch.as_tensor(batch["done"], dtype=torch.float32, device=dev)
+        discount = torch.as_tensor(batch["discount"], dtype=torch.float32, device=dev)
+
+        # One online forward over obs and next_obs together (half the op dispatches on small nets).
+        q_all = self.model(torch.cat([obs, next_obs]))
+        q = q_all[: len(obs)].gather(1, action.unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            best_next = q_all[len(obs):].argmax(dim=1, keepdim=True)
+            next_q = self.target_model(next_obs).gather(1, best_next).squeeze(1)
+            target = reward + discount * not_done * next_q
+        loss = F.smooth_l1_loss(q, target, beta=lc.huber_delta)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if lc.grad_clip_norm > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), lc.grad_clip_norm)
+        self.optimizer.step()
+
+        self._updates += 1
+        if self._updates % lc.target_update_freq == 0:
+            self.target_model.load_state_dict(self.model.state_dict())
+        return {"cur_lr": self.optimizer.param_groups[0]["lr"], "total_loss": loss.item(),
+                "q_value": q.detach().mean().item(), "target_q_value": target.mean().item()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "target_model": self.target_model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "updates": self._updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target_model.load_state_dict(state["target_model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._updates = int(state["updates"])
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return nets.get_weights(self.model)
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        nets.set_weights(self.model, weights)
+
+    # ------------------------------------------------------------------ collect / eval
+    @torch.no_grad()
+    def _greedy(self, obs: np.ndarray) -> np.ndarray:
+        q = self.model(nets.obs_tensor(self.spec, obs, self.device))
+        return q.argmax(dim=1).cpu().numpy()
+
+    def act_eval(self, obs: np.ndarray) -> np.ndarray:
+        return self._greedy(obs) + self.spec.action_start
+
+    def act(self, obs: np.ndarray, setting: dict[str, Any], rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Epsilon-greedy over one batched forward; ``setting["eps"]`` is the exploration rate."""
+        idx = self._greedy(obs)
+        explore = rng.random(len(idx)) < float(setting["eps"])
+        if explore.any():
+            idx[explore] = rng.integers(0, self.spec.action_n, size=int(explore.sum()))
+        return idx + self.spec.action_start, {"action": idx}
+
+    def make_adder(self, env_num: int, setting: dict[str, Any]) -> "NStepAdder":
+        return NStepAdder(env_num, self._nstep, self._gamma)
+
+
+class NStepAdder:
+    """Per-env step streams -> n-step rows (module docstring).
+
+    ``add`` returns the oldest pending step of each env that has ``nstep`` pending, or all of
+    an env's pending steps when its episode ends; ``terminated`` marks ``done``, ``truncated``
+    only flushes (the row bootstraps from the final observation).
+    """
+
+    FIELDS = ("obs", "action", "reward", "next_obs", "done", "discount")
+
+    def __init__(self, env_num: int, nstep: int, gamma: float) -> None:
+        self.nstep = nstep
+        self.gamma = gamma
+        self._pending: list[deque] = [deque() for _ in range(env_num)]
+
+    def add(self, obs: np.ndarray, record: dict[str, np.ndarray], reward: np.ndarray, next_obs: np.ndarray,
+            terminated: np.ndarray, truncated: np.ndarray) -> Optional[dict[str, np.ndarray]]:
+        rows: list[tuple] = []
+        action = record["action"]
+        for i, pending in enumerate(self._pending):
+            pending.append((obs[i], int(action[i]), float(reward[i])))
+            if terminated[i] or truncated[i]:
+                while pending:
+                    rows.append(self._emit(pending, next_obs[i], bool(terminated[i])))
+            elif len(pending) == self.nstep:
+                rows.append(self._emit(pending, next_obs[i], False))
+        return self._stack(rows)
+
+    def flush(self, obs: np.ndarray) -> Optional[dict[str, np.ndarray]]:
+        rows: list[tuple] = []
+        for i, pending in enumerate(self._pending):
+            while pending:
+                rows.append(self._emit(pending, obs[i], False))
+        return self._stack(rows)
+
+    def _emit(self, pending: deque, bootstrap_obs: np.ndarray, done: bool) -> tuple:
+        ret = 0.0
+        for k, (_, _, r) in enumerate(pending):
+            ret += (self.gamma ** k) * r
+        o, a, _ = pending.popleft()
+        return (o, a, ret, bootstrap_obs, done, self.gamma ** (len(pending) + 1))
+
+    def _stack(self, rows: list[tuple]) -> Optional[dict[str, np.ndarray]]:
+        if not rows:
+            return None
+        cols = list(zip(*rows))
+        return {"obs": np.stack(cols[0]), "action": np.asarray(cols[1], np.int64),
+                "reward": np.asarray(cols[2], np.float32), "next_obs": np.stack(cols[3]),
+                "done": np.asarray(cols[4], np.bool_), "discount": np.asarray(cols[5], np.float32)}

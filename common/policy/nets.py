@@ -1,0 +1,68 @@
+"""Torch building blocks shared by the algorithms: observation encoding, MLPs, Adam, weight I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common.spaces import SpaceSpec
+
+
+def mlp(sizes: list[int], activate_last: bool = True) -> nn.Sequential:
+    """Linear layers ``sizes[0] -> sizes[1] -> ...`` with ReLU between (and after the last if asked)."""
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or activate_last:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def obs_tensor(spec: SpaceSpec, obs: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Stored observations -> MLP input float32 (B, obs_dim): one-hot for Discrete, flattened for Box."""
+    if spec.obs_kind == "discrete":
+        idx = torch.as_tensor(obs, dtype=torch.int64, device=device)
+        return F.one_hot(idx, spec.obs_n).to(torch.float32)
+    x = torch.as_tensor(obs, dtype=torch.float32, device=device)
+    return x.reshape(x.shape[0], -1)
+
+
+def adam(params: Any, lr: float) -> torch.optim.Optimizer:
+    """Adam, fused where this torch build supports it (one kernel instead of a loop per tensor)."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(params, lr=lr)
+
+
+def get_weights(module: nn.Module) -> dict[str, np.ndarray]:
+    """``module``'s state as float32 numpy arrays on the CPU."""
+    return {k: v.detach().to("cpu", torch.float32).numpy() for k, v in module.state_dict().items()}
+
+
+def set_weights(module: nn.Module, weights: dict[str, np.ndarray]) -> None:
+    """Load float arrays keyed like ``module.state_dict()``.
+
+    Raises:
+        ValueError: a missing, unexpected or wrongly shaped tensor, by name.
+    """
+    own = module.state_dict()
+    missing, extra = set(own) - set(weights), set(weights) - set(own)
+    if missing or extra:
+        raise ValueError(f"policy weights do not match the model: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    for k, v in weights.items():
+        if tuple(np.shape(v)) != tuple(own[k].shape):
+            raise ValueError(f"policy weight {k!r} has shape {tuple(np.shape(v))}, model expects {tuple(own[k].shape)}")
+    module.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
+
+
+def pick_device(cfg: Any, device: str | None) -> torch.device:
+    """``device`` if given, else CUDA when ``policy.cuda`` is set and available, else the CPU."""
+    if device is None:
+        device = "cuda" if cfg.policy.cuda and torch.cuda.is_available() else "cpu"
+    return torch.device(device)

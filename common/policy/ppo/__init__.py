@@ -1,0 +1,43 @@
+"""PPO (clipped surrogate, GAE): defaults and collect setting (no torch; see policy.py for the math).
+
+Defaults follow DI-engine's ``dizoo/classic_control/cartpole/config/cartpole_ppo_config.py``:
+n_sample 256, 2 epochs of minibatch 64, learning rate 1e-3, discount 0.9, GAE lambda 0.95.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from easydict import EasyDict
+
+from common.policy.base import Algorithm
+
+CONFIG: dict[str, Any] = dict(
+    model=dict(encoder_hidden_size_list=[64, 64, 128], actor_head_hidden_size=128, critic_head_hidden_size=128,
+               init_log_std=-0.5),
+    learn=dict(
+        epoch_per_collect=2,
+        batch_size=64,  # minibatch rows
+        learning_rate=1e-3,
+        clip_ratio=0.2,
+        value_weight=0.5,
+        entropy_weight=0.01,
+        value_clip=True,  # clip the value update around the old value, as the policy ratio
+        adv_norm=True,
+        grad_clip_norm=0.5,
+    ),
+    collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95),
+)
+
+
+def collect_setting(cfg: EasyDict, info: dict[str, Any]) -> dict[str, Any]:
+    """Each collector's share of one rollout: ``n_sample`` rows per train iteration split over
+    ``info["collectors"]`` concurrent collector tasks, so an update waits for all of them once
+    rather than dropping all but the first one's rollout."""
+    share = max(1, int(info.get("collectors", 1)))
+    return {"rollout_rows": int(math.ceil(int(cfg.collect.n_sample) / share))}
+
+
+ALGORITHM = Algorithm(name="ppo", data_source="on_policy", policy_class="common.policy.ppo.policy:PPOPolicy",
+                      config=CONFIG, collect_setting=collect_setting)

@@ -1,0 +1,266 @@
+"""PPO with the clipped surrogate objective and GAE(lambda), in one file (Schulman et al. 2017).
+
+Chunk rows (``B`` rows, all produced by one policy version; ``*O`` the stored observation shape)::
+
+    obs     float32 (B, *O) | int64 (B,)   observation at t
+    action  int64 (B,) | float32 (B, A)    action index (Discrete) or the unclipped Gaussian sample (Box)
+    logp    float32 (B,)     log pi_old(action | obs)
+    value   float32 (B,)     V_old(obs)
+    adv     float32 (B,)     GAE advantage
+    ret     float32 (B,)     adv + value, the value target
+
+The collector computes GAE with the same weights that acted (the rollout's version), per env
+over a segment of ``T`` steps::
+
+    next_v_t = 0                    if the episode terminated at t
+             = V(final_obs_t)       if it was truncated at t (time limit: not a terminal state)
+             = V(obs_{t+1})         otherwise (V of the segment's last next obs for t = T-1)
+    delta_t  = r_t + gamma * next_v_t - V(obs_t)
+    adv_t    = delta_t + gamma * lambda * (1 - done_t) * adv_{t+1}
+
+Learn step, ``epoch_per_collect`` epochs of shuffled minibatches of ``batch_size`` rows::
+
+    ratio   = exp(logp_new - logp)
+    L_clip  = -mean(min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A))      A normalised per minibatch
+    L_value = 0.5 * mean(max((V - ret)^2, (value + clip(V - value, -eps, eps) - ret)^2))
+    loss    = L_clip + value_weight * L_value - entropy_weight * entropy
+
+Discrete actions use a categorical head; Box actions a Gaussian with a state-independent
+log-std, clipped to the space's bounds when sent to the env (the stored action is unclipped,
+so its log-probability stays exact).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+from easydict import EasyDict
+from torch.distributions import Categorical, Normal
+
+from common.policy import nets
+from common.policy.base import Policy, Schema
+from common.spaces import SpaceSpec
+
+
+def _init(layer: nn.Module, gain: float) -> None:
+    if isinstance(layer, nn.Linear):
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+
+
+class ActorCritic(nn.Module):
+    """Shared MLP encoder, an actor head (logits or Gaussian mean) and a critic head."""
+
+    def __init__(self, spec: SpaceSpec, m: EasyDict) -> None:
+        super().__init__()
+        hidden = list(m.encoder_hidden_size_list)
+        self.encoder = nets.mlp([spec.obs_dim, *hidden])
+        last = hidden[-1] if hidden else spec.obs_dim
+        self.continuous = spec.action_kind == "box"
+        out = spec.action_dim if self.continuous else spec.action_n
+        self.actor = nn.Sequential(nets.mlp([last, m.actor_head_hidden_size]), nn.Linear(m.actor_head_hidden_size, out))
+        self.critic = nn.Sequential(nets.mlp([last, m.critic_head_hidden_size]), nn.Linear(m.critic_head_hidden_size, 1))
+        if self.continuous:
+            self.log_std = nn.Parameter(torch.full((out,), float(m.init_log_std)))
+        # Orthogonal init with a small actor output: near-uniform first policy (as CleanRL / DI-engine's ppo_param_init).
+        for mod in (self.encoder, self.actor, self.critic):
+            mod.apply(lambda layer: _init(layer, math.sqrt(2)))
+        _init(self.actor[-1], 0.01)
+        _init(self.critic[-1], 1.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+        """``x`` float32 (B, obs_dim) -> (action distribution, value float32 (B,))."""
+        h = self.encoder(x)
+        head = self.actor(h)
+        if self.continuous:
+            dist: torch.distributions.Distribution = Normal(head, self.log_std.exp().expand_as(head))
+        else:
+            dist = Categorical(logits=head)
+        return dist, self.critic(h).squeeze(-1)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.encoder(x)).squeeze(-1)
+
+
+def _logp(dist: torch.distributions.Distribution, action: torch.Tensor, continuous: bool) -> torch.Tensor:
+    lp = dist.log_prob(action)
+    return lp.sum(-1) if continuous else lp
+
+
+class PPOPolicy(Policy):
+    """PPO (see the module docstring); acting network = the actor-critic (the collector needs V for GAE)."""
+
+    def __init__(self, cfg: EasyDict, spec: SpaceSpec, modes: tuple[str, ...] = ("learn", "collect", "eval"),
+                 device: Optional[str] = None) -> None:
+        super().__init__(cfg, spec, modes, device)
+        self.device = nets.pick_device(cfg, device)
+        self.model = ActorCritic(spec, cfg.policy.model).to(self.device)
+        self.continuous = self.model.continuous
+        if spec.action_kind == "box":
+            self._low = np.asarray(spec.action_low, np.float32)
+            self._high = np.asarray(spec.action_high, np.float32)
+        if "learn" in self.modes:
+            self.optimizer = nets.adam(self.model.parameters(), cfg.policy.learn.learning_rate)
+            self._rng = torch.Generator().manual_seed(int(cfg.seed))
+
+    def schema(self) -> Schema:
+        s, f32 = self.spec, np.dtype(np.float32)
+        action = ((s.action_dim,), f32) if self.continuous else ((), np.dtype(np.int64))
+        return {"obs": (s.obs_shape, s.obs_dtype), "action": action, "logp": ((), f32), "value": ((), f32),
+                "adv": ((), f32), "ret": ((), f32)}
+
+    # ------------------------------------------------------------------ collect / eval
+    def _x(self, obs: np.ndarray) -> torch.Tensor:
+        return nets.obs_tensor(self.spec, obs, self.device)
+
+    def _to_env(self, action: np.ndarray) -> np.ndarray:
+        if self.continuous:
+            return np.clip(action, self._low, self._high)
+        return action + self.spec.action_start
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, setting: dict[str, Any], rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Sample from the current policy (torch's RNG, seeded per task); record action, logp and value."""
+        dist, value = self.model(self._x(obs))
+        action = dist.sample()
+        logp = _logp(dist, action, self.continuous)
+        a = action.cpu().numpy()
+        a = a.astype(np.float32) if self.continuous else a.astype(np.int64)
+        return self._to_env(a), {"action": a, "logp": logp.cpu().numpy().astype(np.float32),
+                                 "value": value.cpu().numpy().astype(np.float32)}
+
+    @torch.no_grad()
+    def act_eval(self, obs: np.ndarray) -> np.ndarray:
+        dist, _ = self.model(self._x(obs))
+        a = dist.mean if self.continuous else dist.probs.argmax(dim=-1)
+        return self._to_env(a.cpu().numpy())
+
+    @torch.no_grad()
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) float32 (B,) for stored observations (B, *O)."""
+        return self.model.value(self._x(obs)).cpu().numpy().astype(np.float32)
+
+    def make_adder(self, env_num: int, setting: dict[str, Any]) -> "GAEAdder":
+        c = self.cfg.policy.collect
+        rows = int(setting.get("rollout_rows", c.n_sample))
+        return GAEAdder(self, env_num, max(1, math.ceil(rows / env_num)), float(c.discount_factor), float(c.gae_lambda))
+
+    # ------------------------------------------------------------------ learn
+    def learn(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        lc, dev = self.cfg.policy.learn, self.device
+        x = self._x(batch["obs"])
+        action = torch.as_tensor(batch["action"], device=dev)
+        old_logp = torch.as_tensor(batch["logp"], dtype=torch.float32, device=dev)
+        old_v = torch.as_tensor(batch["value"], dtype=torch.float32, device=dev)
+        adv_all = torch.as_tensor(batch["adv"], dtype=torch.float32, device=dev)
+        ret = torch.as_tensor(batch["ret"], dtype=torch.float32, device=dev)
+        n, eps = len(x), float(lc.clip_ratio)
+        stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "total_loss")}
+        for _ in range(int(lc.epoch_per_collect)):
+            perm = torch.randperm(n, generator=self._rng).to(dev)
+            for start in range(0, n, int(lc.batch_size)):
+                mb = perm[start:start + int(lc.batch_size)]
+                dist, v = self.model(x[mb])
+                logp = _logp(dist, action[mb], self.continuous)
+                entropy = dist.entropy()
+                entropy = (entropy.sum(-1) if self.continuous else entropy).mean()
+                adv = adv_all[mb]
+                if lc.adv_norm and len(mb) > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                log_ratio = logp - old_logp[mb]
+                ratio = log_ratio.exp()
+                policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv).mean()
+                if lc.value_clip:
+                    v_clip = old_v[mb] + (v - old_v[mb]).clamp(-eps, eps)
+                    value_loss = 0.5 * torch.max((v - ret[mb]) ** 2, (v_clip - ret[mb]) ** 2).mean()
+                else:
+                    value_loss = 0.5 * ((v - ret[mb]) ** 2).mean()
+                loss = policy_loss + lc.value_weight * value_loss - lc.entropy_weight * entropy
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if lc.grad_clip_norm > 0:
+                    nn.utils.clip_grad_norm_(self.model.parameters(), lc.grad_clip_norm)
+                self.optimizer.step()
+                with torch.no_grad():
+                    stats["approx_kl"].append(((ratio - 1) - log_ratio).mean().item())
+                    stats["clip_frac"].append(((ratio - 1).abs() > eps).float().mean().item())
+                stats["policy_loss"].append(policy_loss.item())
+                stats["value_loss"].append(value_loss.item())
+                stats["entropy"].append(entropy.item())
+                stats["total_loss"].append(loss.item())
+        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        out["cur_lr"] = self.optimizer.param_groups[0]["lr"]
+        out["rows"] = float(n)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return nets.get_weights(self.model)
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        nets.set_weights(self.model, weights)
+
+
+class GAEAdder:
+    """Collects ``T`` steps per env, then emits the segment's ``T * E`` rows with GAE (module docstring)."""
+
+    def __init__(self, policy: PPOPolicy, env_num: int, horizon: int, gamma: float, lam: float) -> None:
+        self._policy, self._env_num, self.horizon, self._gamma, self._lam = policy, env_num, horizon, gamma, lam
+        self._reset()
+
+    def _reset(self) -> None:
+        self._steps: list[dict[str, np.ndarray]] = []
+        self._final: list[tuple[int, int, np.ndarray]] = []  # (t, env, final obs) of truncated episodes
+
+    def add(self, obs: np.ndarray, record: dict[str, np.ndarray], reward: np.ndarray, next_obs: np.ndarray,
+            terminated: np.ndarray, truncated: np.ndarray) -> Optional[dict[str, np.ndarray]]:
+        t = len(self._steps)
+        self._steps.append(dict(record, obs=obs.copy(), reward=np.asarray(reward, np.float32),
+                                terminated=np.asarray(terminated, bool), truncated=np.asarray(truncated, bool)))
+        for i in np.flatnonzero(truncated & ~terminated):
+            self._final.append((t, int(i), next_obs[i].copy()))
+        if len(self._steps) == self.horizon:
+            return self._finish(next_obs)
+        return None
+
+    def flush(self, obs: np.ndarray) -> Optional[dict[str, np.ndarray]]:
+        return self._finish(obs) if self._steps else None
+
+    def _finish(self, last_next_obs: np.ndarray) -> dict[str, np.ndarray]:
+        steps, T = self._steps, len(self._steps)
+        value = np.stack([s["value"] for s in steps])                      # (T, E)
+        reward = np.stack([s["reward"] for s in steps])
+        term = np.stack([s["terminated"] for s in steps])
+        done = term | np.stack([s["truncated"] for s in steps])
+        # One forward for the segment's bootstrap values and every truncated episode's final obs.
+        extra = [o for _, _, o in self._final]
+        boot = self._policy.values(np.concatenate([last_next_obs, np.stack(extra)]) if extra else last_next_obs)
+        next_v = np.empty_like(value)
+        next_v[:-1] = value[1:]
+        next_v[-1] = boot[: self._env_num]
+        next_v[done] = 0.0
+        for k, (t, i, _) in enumerate(self._final):
+            next_v[t, i] = boot[self._env_num + k]
+        adv = np.zeros_like(value)
+        running = np.zeros(self._env_num, np.float32)
+        for t in range(T - 1, -1, -1):
+            delta = reward[t] + self._gamma * next_v[t] - value[t]
+            running = delta + self._gamma * self._lam * (~done[t]) * running
+            adv[t] = running
+        rows = {"obs": np.concatenate([s["obs"] for s in steps]),
+                "action": np.concatenate([s["action"] for s in steps]),
+                "logp": np.concatenate([s["logp"] for s in steps]),
+                "value": value.reshape(-1), "adv": adv.reshape(-1).astype(np.float32),
+                "ret": (adv + value).reshape(-1).astype(np.float32)}
+        self._reset()
+        return rows

@@ -1,0 +1,197 @@
+"""What a policy needs to know about an env's spaces, read from the env itself.
+
+:class:`SpaceSpec` describes the observation and action spaces in plain data (it travels in
+checkpoints and is rebuilt in every process that builds the env). :func:`resolve` fills
+``policy.model.obs_shape`` / ``action_shape`` from the env when the config leaves them unset,
+and refuses a set value that disagrees, in one line naming the env id, the space and the key.
+
+Supported (classic control and toy text; anything else is refused at start, by name):
+
+    observation  Box of any shape, float dtype   -> float32 (*shape)
+                 Discrete(n, start)              -> int64 scalar (the index obs - start)
+    action       Discrete(n, start)              -> the policy picks an index in [0, n); the env gets index + start
+                 Box(low, high, (A,)), finite    -> float32 (A,), clipped or rescaled to [low, high] by the policy
+
+Images (uint8 Box observations) are refused here with a pointer to the image-observation work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+
+class SpaceError(ValueError):
+    """An env space rqrl cannot train on, or a config that disagrees with the env (one line)."""
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """Plain-data description of an env's spaces (see module docstring).
+
+    Attributes:
+        env_id: the gymnasium id the spaces came from (for error messages).
+        obs_kind: ``"box"`` or ``"discrete"``.
+        obs_shape: the per-step observation shape as stored (``()`` for a Discrete observation).
+        obs_n: number of values of a Discrete observation (0 for a Box).
+        obs_start: ``start`` of a Discrete observation.
+        action_kind: ``"discrete"`` or ``"box"``.
+        action_n: number of discrete actions (0 for a Box).
+        action_start: ``start`` of a Discrete action space.
+        action_dim: size of a Box action (0 for Discrete).
+        action_low / action_high: Box bounds, one float per action dimension.
+    """
+
+    env_id: str
+    obs_kind: str
+    obs_shape: tuple[int, ...]
+    obs_n: int
+    obs_start: int
+    action_kind: str
+    action_n: int
+    action_start: int
+    action_dim: int
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+
+    @property
+    def obs_dim(self) -> int:
+        """Input size of an MLP: one-hot size of a Discrete obs, else the flattened Box size."""
+        return self.obs_n if self.obs_kind == "discrete" else int(np.prod(self.obs_shape, dtype=np.int64))
+
+    @property
+    def obs_dtype(self) -> np.dtype:
+        return np.dtype(np.int64) if self.obs_kind == "discrete" else np.dtype(np.float32)
+
+    @property
+    def model_action_shape(self) -> int:
+        """``policy.model.action_shape``: the number of discrete actions, or the Box's size."""
+        return self.action_n if self.action_kind == "discrete" else self.action_dim
+
+    @property
+    def model_obs_shape(self) -> int | list[int]:
+        """``policy.model.obs_shape``: an int for flat observations, else the shape as a list."""
+        if self.obs_kind == "discrete":
+            return self.obs_n
+        return int(self.obs_shape[0]) if len(self.obs_shape) == 1 else list(self.obs_shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpaceSpec":
+        kw = dict(d)
+        for k in ("obs_shape", "action_low", "action_high"):
+            kw[k] = tuple(kw[k])
+        return cls(**kw)
+
+    def obs_batch(self, obs: np.ndarray) -> np.ndarray:
+        """Observations of a vector env as stored in chunks: float32 (E, *obs_shape) or int64 (E,)."""
+        if self.obs_kind == "discrete":
+            return np.asarray(obs, dtype=np.int64) - self.obs_start
+        return np.asarray(obs, dtype=np.float32)
+
+
+def from_spaces(env_id: str, observation_space: Any, action_space: Any) -> SpaceSpec:
+    """Describe gymnasium spaces, or refuse them.
+
+    Raises:
+        SpaceError: an unsupported space, naming the env id and the space.
+    """
+    from gymnasium import spaces as gs
+
+    def refuse(what: str, space: Any, why: str) -> SpaceError:
+        return SpaceError(f"env {env_id!r}: {what} space {space} is not supported: {why}")
+
+    obs, act = observation_space, action_space
+    if isinstance(obs, gs.Discrete):
+        okind, oshape, on, ostart = "discrete", (), int(obs.n), int(obs.start)
+    elif isinstance(obs, gs.Box):
+        if obs.dtype == np.uint8 and len(obs.shape) >= 2:
+            raise refuse("observation", obs, "image observations (uint8) are not supported yet")
+        if not np.issubdtype(obs.dtype, np.floating):
+            raise refuse("observation", obs, f"dtype {obs.dtype}; a Box observation must be a float dtype")
+        okind, oshape, on, ostart = "box", tuple(int(s) for s in obs.shape), 0, 0
+    else:
+        raise refuse("observation", obs, "only Box (float) and Discrete observations are")
+    if isinstance(act, gs.Discrete):
+        return SpaceSpec(env_id, okind, oshape, on, ostart, "discrete", int(act.n), int(act.start), 0, (), ())
+    if isinstance(act, gs.Box):
+        if len(act.shape) != 1:
+            raise refuse("action", act, "a Box action must be 1-D")
+        low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+            raise refuse("action", act, "Box actions need finite bounds")
+        return SpaceSpec(env_id, okind, oshape, on, ostart, "box", 0, 0, int(act.shape[0]),
+                         tuple(float(x) for x in low), tuple(float(x) for x in high))
+    raise refuse("action", act, "only Discrete and Box actions are")
+
+
+def import_env_modules(names: list[str] | tuple[str, ...]) -> None:
+    """Import the modules that register custom envs (``env.import_names``).
+
+    Raises:
+        SpaceError: a module cannot be imported (names it and the config key).
+    """
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as e:
+            raise SpaceError(f"config key 'env.import_names': cannot import {name!r} ({type(e).__name__}: {e})") from None
+
+
+def probe(cfg: Any) -> SpaceSpec:
+    """Build one env of ``cfg.env`` (after ``env.import_names``), read its spaces, close it.
+
+    Raises:
+        SpaceError: the env cannot be built (names ``env.env_id``) or has unsupported spaces.
+    """
+    import gymnasium as gym
+
+    import_env_modules(list(cfg.env.get("import_names", [])))
+    env_id = cfg.env.env_id
+    try:
+        env = gym.make(env_id, **dict(cfg.env.env_kwargs))
+    except Exception as e:  # gymnasium raises several error types for an unknown id / bad kwargs
+        raise SpaceError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): "
+                         f"{type(e).__name__}: {e}") from None
+    try:
+        return from_spaces(env_id, env.observation_space, env.action_space)
+    finally:
+        env.close()
+
+
+def check_model(cfg: Any, spec: SpaceSpec) -> None:
+    """Fill unset ``policy.model.obs_shape`` / ``action_shape`` from ``spec``; refuse disagreeing ones.
+
+    Mutates ``cfg.policy.model`` in place.
+
+    Raises:
+        SpaceError: a set value disagrees with the env, in one line naming env id, space and key.
+    """
+    model = cfg.policy.model
+    want_obs, want_act = spec.model_obs_shape, spec.model_action_shape
+    obs_what = f"observation space {'Discrete(%d)' % spec.obs_n if spec.obs_kind == 'discrete' else 'shape ' + str(spec.obs_shape)}"
+    act_what = (f"action space Discrete({spec.action_n})" if spec.action_kind == "discrete"
+                else f"action space Box of size {spec.action_dim}")
+    got_obs = model.get("obs_shape")
+    if got_obs is None:
+        model.obs_shape = want_obs
+    elif _norm(got_obs) != _norm(want_obs):
+        raise SpaceError(f"config key 'policy.model.obs_shape' is {got_obs!r} but env {spec.env_id!r} has "
+                         f"{obs_what} (expected {want_obs!r}); leave it unset to read it from the env")
+    got_act = model.get("action_shape")
+    if got_act is None:
+        model.action_shape = want_act
+    elif _norm(got_act) != _norm(want_act):
+        raise SpaceError(f"config key 'policy.model.action_shape' is {got_act!r} but env {spec.env_id!r} has "
+                         f"{act_what} (expected {want_act!r}); leave it unset to read it from the env")
+
+
+def _norm(v: Any) -> tuple[int, ...]:
+    if isinstance(v, (list, tuple)):
+        return tuple(int(x) for x in v)
+    return (int(v),)

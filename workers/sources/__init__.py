@@ -1,0 +1,117 @@
+"""How the learner gets its batches, chosen by the algorithm's ``data_source`` (common/policy/base.py).
+
+A source is the learner's ``get_data``: it blocks (on a condition variable, with a timeout)
+until a batch may be formed and returns it, or returns None once the stop flag is set. The
+:class:`~workers.comm_learner.BufferReader` thread fills the source's store (a replay buffer or
+a rollout queue) from the buffer stream and wakes it with :meth:`DataSource.notify`.
+
+    replay     workers/sources/replay.py     uniform replay buffer + replay-ratio limiter
+    on_policy  workers/sources/on_policy.py  rows of the current policy version only
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+import redis
+from easydict import EasyDict
+
+from workers.task import stop_requested
+
+if TYPE_CHECKING:
+    from workers.comm_learner import BufferReader
+    from workers.learner import BaseLearner
+
+
+class DataSource:
+    """Shared waiting, stop-flag and env-step accounting of the learner's data sources."""
+
+    #: publish weights every iteration (on-policy: collectors wait for each new version)
+    publish_every_iter = False
+
+    def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner") -> None:
+        self._conn, self._exp, self._learner = conn, exp, learner
+        self._cond = threading.Condition()
+        self._next_stop_check = 0.0
+        self._stopped = False
+        # Env steps consumed before this learner started; read on the first call (before_run).
+        self._base_envstep: Optional[int] = None
+        self._base_iter = 0
+        self.reader: Optional["BufferReader"] = None
+        self.wait_seconds = 0.0
+
+    def notify(self) -> None:
+        """Wake the trainer thread (the reader inserted data, or failed)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _stop_due(self) -> bool:
+        now = time.monotonic()
+        if now >= self._next_stop_check:
+            self._next_stop_check = now + 0.2
+            self._stopped = stop_requested(self._conn, self._exp)
+        return self._stopped
+
+    def envstep(self) -> int:
+        """Env steps consumed by the buffer: the durable count at start plus what the reader consumed since."""
+        if self._base_envstep is None:
+            # Durable count of env steps this buffer consumed before us (exact across learner restarts).
+            self._base_envstep = self.reader.env_steps_base if self.reader else self._learner.collector_envstep
+            self._base_iter = self._learner.train_iter
+        return self._base_envstep + (self.reader.env_steps if self.reader else 0)
+
+    def envstep_limit(self, train_iter: int) -> int:
+        """Env steps the collectors may have sent by ``train_iter`` (published with each policy version)."""
+        return 2**62
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for learner_info events (numbers only)."""
+        return {}
+
+    def _ready(self, envstep: int) -> bool:
+        raise NotImplementedError
+
+    def _take(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def __call__(self) -> Optional[dict[str, np.ndarray]]:
+        """The next batch, or None at the stop flag.
+
+        Raises:
+            RuntimeError: the buffer reader thread failed (its error chained).
+        """
+        t0 = time.perf_counter()
+        with self._cond:
+            while True:
+                if self.reader is not None and self.reader.error is not None:
+                    raise RuntimeError(f"buffer reader failed: {self.reader.error!r}") from self.reader.error
+                if self._stop_due():
+                    return None
+                envstep = self.envstep()
+                self._learner.collector_envstep = envstep
+                if self._ready(envstep):
+                    break
+                self._cond.wait(timeout=0.2)
+        self.wait_seconds += time.perf_counter() - t0
+        return self._take()
+
+
+def create_source(kind: str, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
+                  schema: dict[str, Any], seed: int) -> DataSource:
+    """The source for ``kind`` (``replay`` or ``on_policy``) with its store (``source.store``).
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind == "replay":
+        from workers.sources.replay import ReplayFeeder
+
+        return ReplayFeeder(conn, exp, learner, cfg, schema, seed)
+    if kind == "on_policy":
+        from workers.sources.on_policy import OnPolicySource
+
+        return OnPolicySource(conn, exp, learner, cfg, schema)
+    raise ValueError(f"unknown data source {kind!r}; known: replay, on_policy")

@@ -1,0 +1,55 @@
+"""Off-policy data: a uniform replay buffer, sampled under the replay-ratio limiter.
+
+The learner trains at most ``train_iter_per_env_step`` iterations per env step received
+(counted from this learner's start), once ``replay_start_size`` transitions are stored. The
+collector side of the limiter: each published policy carries an ``envstep_limit`` (what the
+ratio justifies plus ``max_env_step_lead``) past which collectors wait (workers/comm_collector.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import redis
+from easydict import EasyDict
+
+from workers.replay_buffer import ReplayBuffer
+from workers.sources import DataSource
+
+if TYPE_CHECKING:
+    from workers.learner import BaseLearner
+
+
+class ReplayFeeder(DataSource):
+    """``learner.get_data``: a uniformly sampled batch once data and the replay ratio allow."""
+
+    def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
+                 schema: dict[str, Any], seed: int) -> None:
+        super().__init__(conn, exp, learner)
+        self.store = ReplayBuffer(int(cfg.policy.other.replay_buffer.replay_buffer_size), schema)
+        self._batch = int(cfg.policy.learn.batch_size)
+        self._start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)
+        self._ratio = float(cfg.policy.learn.train_iter_per_env_step)
+        self._lead = int(cfg.policy.learn.max_env_step_lead)
+        self._rng = np.random.default_rng(seed)
+
+    def envstep_limit(self, train_iter: int) -> int:
+        """Env steps collectors may have sent by ``train_iter``: what the ratio justifies plus a lead."""
+        if self._ratio <= 0:
+            return 2**62
+        base = self.envstep() - (self.reader.env_steps if self.reader else 0)
+        return int(base + max(self._start, (train_iter - self._base_iter) / self._ratio) + self._lead)
+
+    def ratio_ok(self, envstep: int) -> bool:
+        """True while another train iteration keeps within ``train_iter_per_env_step``."""
+        return self._ratio <= 0 or self._learner.train_iter - self._base_iter < self._ratio * (envstep - self._base_envstep)
+
+    def _ready(self, envstep: int) -> bool:
+        return len(self.store) >= self._start and self.ratio_ok(envstep)
+
+    def _take(self) -> dict[str, np.ndarray]:
+        return self.store.sample(self._batch, self._rng)
+
+    def stats(self) -> dict[str, Any]:
+        return {"buffer_size": len(self.store), "pushed": self.store.pushed}
