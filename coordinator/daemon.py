@@ -160,11 +160,14 @@ class Coordinator:
             raise CoordinatorError(f"Redis lost the state of experiment {self.exp!r} (key {keys.run(self.exp)} is gone): "
                                    "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
         try:
-            # Re-set the full TTL; fails atomically when another coordinator holds the key now.
+            # Re-set the full TTL; fails atomically when the key expired or another coordinator holds it.
             self.lock.reacquire()
         except LockError:
-            owner = self.conn.get(keys.coordinator_alive(self.exp))
-            raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode() if owner else 'nobody'}") from None
+            # Expired during a stall (a Redis pause longer than the TTL) and nobody took it: take it back.
+            if not self.lock.acquire(blocking=False, token=self.name):
+                owner = self.conn.get(keys.coordinator_alive(self.exp))
+                raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode() if owner else '?'}") from None
+            self.log.warning("ownership key %s had expired during a stall; re-acquired", keys.coordinator_alive(self.exp))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._signal = signum

@@ -94,3 +94,16 @@ def wait_event(conn, exp: str, pred, timeout: float) -> dict:
                 if pred(ev):
                     return ev
     raise AssertionError(f"no matching event on {keys.events(exp)} within {timeout} s")
+
+
+def initial_weights(cfg):
+    """Fresh acting weights of ``cfg``'s policy for its env (what a learner publishes first)."""
+    import copy
+
+    from common import spaces
+    from common.policy import create_policy
+
+    cfg = copy.deepcopy(cfg)
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    return create_policy(cfg, spec, modes=("learn",), device="cpu").get_weights()

@@ -135,7 +135,7 @@ class Chaos:
             self._worker(parent, keys.COLLECTOR_QUEUE if parent.startswith("collector") else keys.LEARNER_QUEUE)
 
     def _first_iter_after(self, dead_task: str) -> int | None:
-        """learner_step of the first report of the learner that replaced ``dead_task``."""
+        """train_iter of the first report of the learner that replaced ``dead_task``."""
         def first() -> int | None:
             seen_dead = False
             for _, f in self.conn.xrange(keys.events(self.exp)):
@@ -143,7 +143,7 @@ class Chaos:
                 if ev.get("task_id") == dead_task:
                     seen_dead = True
                 elif seen_dead and ev.get("type") == "learner_info":
-                    return int(ev["learner_step"])
+                    return int(ev["train_iter"])
             return None
         found: list[int | None] = [None]
         self._wait(lambda: (found.__setitem__(0, first()) or found[0] is not None), 60, step=0.5)

@@ -12,7 +12,8 @@ from coordinator.commander import SoloCommander
 from tests.integration.test_tasks_rq import _worker
 from workers.collector import run_collector_task
 from workers.envs import EnvError
-from workers.task import grant_lease
+from common import lease
+from tests.conftest import initial_weights
 
 pytestmark = pytest.mark.redis_server
 
@@ -22,13 +23,12 @@ def _collector_task(conn, cfg, url):
     conn.set(keys.run(cfg.exp_name), "run-bad")
     commander.get_learner_task()
     task = commander.get_collector_task()
-    grant_lease(conn, cfg.exp_name, task["task_id"], 600)
+    lease.grant(conn, cfg.exp_name, task["task_id"], 600)
     # Published weights, so the task does not wait for a learner.
-    from common.policy import create_policy
     from workers.comm_learner import publish_policy
 
     publish_policy(conn, cfg.exp_name, task["policy_id"],
-                   create_policy(cfg, enable_field=("learn",)).publishable_state(), 0, 10**9)
+                   initial_weights(cfg), 0, 10**9)
     return dict(task, redis_url=url)
 
 

@@ -46,8 +46,10 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     out = tmp_path / exp
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["last_eval_reward_mean"] >= 150
-    state = torch.load(out / "final.pt", weights_only=True)
-    assert "encoder.0.weight" in state
+    final = torch.load(out / "final.pt", weights_only=True)
+    assert final["algorithm"] == "dqn" and final["spaces"]["action_n"] == 2
+    assert "encoder.0.weight" in final["weights"] and final["weights"]["encoder.0.weight"].device.type == "cpu"
+    assert final["train_iter"] > 0
     assert (out / "curve.png").stat().st_size > 1000
     # TensorBoard: the seed's scalar names, read back from the event files.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -82,7 +84,7 @@ def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
         summary = json.loads((tmp_path / exp / "summary.json").read_text())
         entries = conn.xrange(f"rqrl:{exp}:buffer:{summary['buffer_id']}:meta", count=1)
         fields = {k.decode(): v.decode() for k, v in entries[0][1].items()}
-        assert {"data_id", "policy_iter", "n_samples", "env_steps"} <= set(fields)
+        assert {"data_id", "policy_version", "n_samples", "env_steps"} <= set(fields)
         assert int(fields["n_samples"]) > 0
     finally:
         for w in workers:

@@ -13,7 +13,8 @@ from common import keys, streams
 from common.config import apply_overrides
 from coordinator.commander import SoloCommander
 from tests.conftest import rq_bin, wait_event, worker_env
-from workers.task import grant_lease
+from common import lease
+from tests.conftest import initial_weights
 
 pytestmark = pytest.mark.redis_server
 
@@ -41,7 +42,7 @@ def test_collector_and_learner_through_rq_workers(setup):
     learner_task = commander.get_learner_task()
     collector_task = commander.get_collector_task()
     for t in (learner_task, collector_task):
-        grant_lease(conn, exp, t["task_id"], 600)
+        lease.grant(conn, exp, t["task_id"], 600)
     assert not collector_task["eval_flag"]
     Queue(keys.LEARNER_QUEUE, connection=conn).enqueue_call(
         "workers.learner.run_learner_task", args=(learner_task,), job_id=learner_task["task_id"], timeout=300)
@@ -61,7 +62,7 @@ def test_collector_and_learner_through_rq_workers(setup):
         sent = sum(m["n_samples"] for m in meta)
         assert sum(m["env_steps"] for m in meta) == finished["step_count"]
         # The collector acted with weights the learner kept publishing while it ran.
-        iters = [m["policy_iter"] for m in meta]
+        iters = [m["policy_version"] for m in meta]
         assert min(iters) >= 0 and max(iters) > min(iters), iters
 
         # Wait until the learner has consumed every chunk, then stop it.
@@ -80,7 +81,7 @@ def test_collector_and_learner_through_rq_workers(setup):
     assert done["expired"] == done["corrupt"] == done["malformed"] == 0
     pending = conn.xpending(keys.buffer_meta(exp, collector_task["buffer_id"]), keys.LEARNER_GROUP)
     assert pending["pending"] == 0
-    assert done["learner_step"] > 0
+    assert done["train_iter"] > 0
     assert conn.hget(keys.ckpt(exp, "final"), "version") is not None
     assert not list(conn.scan_iter(match=f"{keys.exp_prefix(exp)}:data:*")), "consumed blobs should be deleted"
 
@@ -89,16 +90,14 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
     conn, url, cfg, commander, cwd = setup
     exp = cfg.exp_name
     commander.get_learner_task()
-    commander.update_learner_info("learner_x", {"learner_step": 500, "collector_envstep": 1000})
+    commander.update_learner_info("learner_x", {"train_iter": 500, "collector_envstep": 1000})
     task = commander.get_collector_task()
     assert task["eval_flag"]
-    grant_lease(conn, exp, task["task_id"], 600)
+    lease.grant(conn, exp, task["task_id"], 600)
     # A published policy is all an eval task needs (no learner running).
-    from common.policy import create_policy
     from workers.comm_learner import publish_policy
 
-    policy = create_policy(cfg, enable_field=("learn",))
-    publish_policy(conn, exp, task["policy_id"], policy.publishable_state(), 500, 10**9)
+    publish_policy(conn, exp, task["policy_id"], initial_weights(cfg), 500, 10**9)
     Queue(keys.COLLECTOR_QUEUE, connection=conn).enqueue_call(
         "workers.collector.run_collector_task", args=(task,), job_id=task["task_id"], timeout=120)
     w = _worker(url, keys.COLLECTOR_QUEUE, cwd)
@@ -107,7 +106,7 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
     ev = wait_event(conn, exp, lambda e: e["type"] == "finished", 10)
     assert ev["eval_flag"] is True
     assert ev["real_episode_count"] == cfg.env.n_evaluator_episode
-    assert ev["train_iter"] == 500
+    assert ev["policy_version"] == 500
     assert conn.xlen(keys.buffer_meta(exp, task["buffer_id"])) == 0
 
 

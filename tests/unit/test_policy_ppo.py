@@ -173,7 +173,8 @@ def synthetic_batch(policy, n=128, logp_shift=0.0, adv=None, seed=0):
 
 def test_learn_returns_finite_scalars_and_changes_weights():
     policy = make_policy()
-    before = policy.get_weights()
+    # Copies: get_weights() arrays share memory with the live CPU parameters.
+    before = {k: v.copy() for k, v in policy.get_weights().items()}
     info = policy.learn(synthetic_batch(policy))
     for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "total_loss", "cur_lr"):
         assert k in info and isinstance(info[k], float) and math.isfinite(info[k]), (k, info)
