@@ -16,7 +16,7 @@ import redis
 
 from common import keys, streams
 
-EVENT_TYPES = ("started", "finished", "failed", "learner_info", "progress")
+EVENT_TYPES = ("started", "finished", "failed", "learner_info")
 TASK_TYPES = ("collector", "learner")
 
 

@@ -50,7 +50,7 @@ def experiments() -> str:
 
 
 def events(exp: str) -> str:
-    """Stream of worker events (started / progress / finished / failed / learner_info)."""
+    """Stream of worker events (started / finished / failed / learner_info)."""
     return f"{exp_prefix(exp)}:events"
 
 

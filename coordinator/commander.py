@@ -355,6 +355,8 @@ class SoloCommander(BaseCommander):
             "last_eval_reward_mean": last.get("reward_mean", ""),
             "last_eval_train_iter": last.get("train_iter", ""),
             "last_eval_envstep": last.get("envstep", ""),
+            # Env steps the learner had consumed when it made the evaluated policy version.
+            "last_eval_policy_envstep": last.get("policy_envstep", ""),
             "stop_value": self._cfg.env.stop_value,
             "converged": self._end_flag,
             "policy_id": self._current_policy_id or "",

@@ -366,6 +366,7 @@ class Coordinator:
                          "last_eval_reward_mean": last.get("reward_mean", ""),
                          "last_eval_train_iter": last.get("train_iter", ""),
                          "last_eval_envstep": last.get("envstep", ""),
+                         "last_eval_policy_envstep": last.get("policy_envstep", ""),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
         self.conn.set(keys.stop(self.exp), reason)
         self._cancel_queued()

@@ -156,6 +156,7 @@ class Collector:
         finally:
             self._env.close()
         info = stats.finish_info(steps, time.time() - start, self.policy_version, self._eval)
+        info["policy_envstep"] = int(self._comm.policy_envstep)
         delays = self.update_delays[1:]  # the first fetch measures how old the policy was at task start
         if delays:
             info["policy_update_delay_p50_ms"] = round(float(np.percentile(delays, 50)) * 1000, 2)

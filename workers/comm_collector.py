@@ -55,6 +55,7 @@ class RedisCommCollector:
         self.stop_flag = False
         self.limiter_wait_s = 0.0  # seconds spent waiting for the learner (replay-ratio limiter)
         self.policy_published_at = 0.0  # unix seconds the held policy version was published
+        self.policy_envstep = 0  # env steps the learner had consumed when it made the held version
 
     # -- the seed's interface -------------------------------------------------------------
     def deal_with_collector_start(self) -> None:
@@ -148,6 +149,7 @@ class RedisCommCollector:
         weights = serialization.loads(payload, what=self._policy_key)
         self.policy_version = version
         self.policy_published_at = float(meta.get("ts", 0.0))
+        self.policy_envstep = int(meta.get("envstep", 0))
         return weights
 
     # -- batching -------------------------------------------------------------------------

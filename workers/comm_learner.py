@@ -179,12 +179,14 @@ class BufferReader(threading.Thread):
 
 
 def publish_policy(conn: redis.Redis, exp: str, policy_id: str, weights: dict[str, Any], train_iter: int,
-                   envstep_limit: int, lease_key: str | None = None) -> int:
+                   envstep_limit: int, lease_key: str | None = None, envstep: int = 0) -> int:
     """Publish collector weights as version ``train_iter`` and announce it on the updates channel.
 
     Args:
         envstep_limit: env steps the collectors may have sent before they wait for the next
             publication (the collector side of the replay-ratio limiter).
+        envstep: env steps the learner had consumed when it made these weights (stored with
+            the version, so an eval of it reports the env steps that produced the policy).
         lease_key: the publishing task's lease; nothing is written once it is revoked.
 
     Returns:
@@ -195,7 +197,7 @@ def publish_policy(conn: redis.Redis, exp: str, policy_id: str, weights: dict[st
     """
     payload = serialization.dumps(weights)
     blobstore.put_versioned(conn, keys.policy(exp, policy_id), payload, train_iter,
-                            meta={"train_iter": train_iter, "envstep_limit": int(envstep_limit),
+                            meta={"train_iter": train_iter, "envstep_limit": int(envstep_limit), "envstep": int(envstep),
                                   "ts": round(time.time(), 3), "format": "msgpack-ndarray"},
                             lease_key=lease_key, channel=keys.policy_updates(exp, policy_id),
                             message=f"{train_iter} {int(envstep_limit)}")

@@ -304,7 +304,8 @@ class PublishPolicyHook(LearnerHook):
 
     def __call__(self, learner: BaseLearner) -> None:
         publish_policy(self._conn, self._exp, self._policy_id, learner.policy.get_weights(),
-                       learner.train_iter, self._limit(learner.train_iter), lease_key=self._lease)
+                       learner.train_iter, self._limit(learner.train_iter), lease_key=self._lease,
+                       envstep=learner.collector_envstep)
 
 
 class SendInfoHook(LearnerHook):
@@ -385,7 +386,9 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
                 **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
                 "train_iter_per_sec": round(learner.train_iter / elapsed, 2)}
 
-    learner.register_hook(SendInfoHook(conn, exp, task_id, lcfg.send_info_freq, stats))
+    # On-policy iterations are whole rollouts: report each one (the commander's eval triggers count them).
+    info_freq = 1 if source.publish_every_iter else lcfg.send_info_freq
+    learner.register_hook(SendInfoHook(conn, exp, task_id, info_freq, stats))
     learner.get_data = source
     reader = BufferReader(conn, exp, task["buffer_id"], task_id, source.store, learner.logger, source.notify, lease_key,
                           train_iter=lambda: learner.train_iter)

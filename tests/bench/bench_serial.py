@@ -1,11 +1,14 @@
-"""Single-process baseline: the same config, policy, n-step packing, replay buffer and replay
-ratio as a distributed run, in one loop with no Redis — what the distributed run is compared to.
+"""Single-process baseline: the same config, policy, adder and data rule as a distributed run, in
+one loop with no Redis — what the distributed run is compared to.
 
     python -m tests.bench.bench_serial --seeds 0 1 2 [--config deploy/configs/cartpole_dqn.py]
 
-Loop: collect ``n_sample`` transitions with epsilon-greedy (epsilon from the command mode),
-train while ``train_iter < train_iter_per_env_step * env steps``, evaluate greedily every
-``commander.eval_every_train_iter`` iterations on ``env.n_evaluator_episode`` episodes, stop at
+Loop, for any registered algorithm: act with ``policy.act`` (collect setting from the
+algorithm, as the commander hands it out), turn steps into rows with the policy's adder, then
+``replay``: insert into a replay buffer and train while ``train_iter < train_iter_per_env_step *
+env steps`` (once ``replay_start_size`` rows are stored); ``on_policy``: train once on every
+``n_sample`` rows (one rollout of the current policy). Evaluate deterministically every
+``commander.eval_every_train_iter`` iterations on ``env.n_evaluator_episode`` episodes; stop at
 ``env.stop_value``. Prints env steps, train iterations and wall seconds to solve per seed.
 """
 
@@ -20,22 +23,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.config import load_config
-from common.policy import create_policy
-from common.policy.dqn import TRANSITION_FIELDS, transition_schema
+from common import spaces
+from common.config import apply_overrides, load_config
+from common.policy import algorithm_of, create_policy
 from workers.envs import make_vector_env, true_next_obs
 from workers.replay_buffer import ReplayBuffer
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def evaluate(policy, cfg, seed: int) -> float:
+def evaluate(policy, cfg, spec, seed: int) -> float:
     n = int(cfg.env.n_evaluator_episode)
-    env = make_vector_env(cfg.env.env_id, n)
+    env = make_vector_env(cfg.env.env_id, n, "sync", dict(cfg.env.env_kwargs))
     obs, _ = env.reset(seed=seed)
     returns, ret, done_once = np.zeros(n), np.zeros(n), np.zeros(n, bool)
     while not done_once.all():
-        obs, r, te, tr, _ = env.step(policy.greedy(obs))
+        obs, r, te, tr, _ = env.step(policy.act_eval(spec.obs_batch(obs)))
         ret += r * ~done_once
         finished = (te | tr) & ~done_once
         returns[finished] = ret[finished]
@@ -44,42 +47,56 @@ def evaluate(policy, cfg, seed: int) -> float:
     return float(returns.mean())
 
 
-def solve(cfg, seed: int, max_env_steps: int = 200_000) -> dict:
+def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     rng = np.random.default_rng(seed)
-    policy = create_policy(cfg)
-    buf = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size, transition_schema(cfg.policy.model.obs_shape))
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    algo = algorithm_of(cfg)
+    policy = create_policy(cfg, spec, device="cpu")
+    replay = algo.data_source == "replay"
+    buf = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size, policy.schema()) if replay else None
     n_env = int(cfg.env.collector_env_num)
-    env = make_vector_env(cfg.env.env_id, n_env)
-    adder = policy.make_adder(n_env)
+    env = make_vector_env(cfg.env.env_id, n_env, "sync", dict(cfg.env.env_kwargs))
     obs, _ = env.reset(seed=seed)
+    obs = spec.obs_batch(obs)
     envstep = it = 0
     ratio = float(cfg.policy.learn.train_iter_per_env_step)
     eval_every = int(cfg.commander.eval_every_train_iter) or 200
     t0 = time.perf_counter()
     next_eval = eval_every
+    setting = algo.collect_setting(cfg.policy, {"envstep": 0, "train_iter": 0, "collectors": 1})
+    adder = policy.make_adder(n_env, setting)
     while envstep < max_env_steps:
-        eps = policy.get_setting_collect({"envstep": envstep})["eps"]
-        rows = []
-        while len(rows) < cfg.policy.collect.n_sample:
-            a = policy.act(obs, eps, rng)
+        setting = algo.collect_setting(cfg.policy, {"envstep": envstep, "train_iter": it, "collectors": 1})
+        parts, got = [], 0
+        while got < cfg.policy.collect.n_sample:
+            a, record = policy.act(obs, setting, rng)
             nxt, r, te, tr, info = env.step(a)
-            rows += adder.add(obs, a, r, true_next_obs(nxt, te | tr, info), te, tr)
+            nxt = spec.obs_batch(nxt)
+            rows = adder.add(obs, record, r, true_next_obs(nxt, te | tr, info, spec), te, tr)
             obs = nxt
             envstep += n_env
-        cols = list(zip(*rows))
-        buf.extend({k: np.asarray(v) for k, v in zip(TRANSITION_FIELDS, cols)})
-        if len(buf) < cfg.policy.other.replay_buffer.replay_start_size:
-            continue
-        while it < ratio * envstep:
-            policy.forward(buf.sample(cfg.policy.learn.batch_size, rng))
+            if rows is not None:
+                parts.append(rows)
+                got += len(rows["obs"])
+        batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        if replay:
+            buf.extend(batch)
+            if len(buf) < cfg.policy.other.replay_buffer.replay_start_size:
+                continue
+            while it < ratio * envstep:
+                policy.learn(buf.sample(cfg.policy.learn.batch_size, rng))
+                it += 1
+        else:
+            policy.learn(batch)
             it += 1
-            if it >= next_eval:
-                next_eval += eval_every
-                if evaluate(policy, cfg, seed + it) >= cfg.env.stop_value:
-                    return {"seed": seed, "envstep": envstep, "train_iter": it,
-                            "wall_s": round(time.perf_counter() - t0, 2), "solved": True}
+        if it >= next_eval:
+            next_eval = it + eval_every
+            if evaluate(policy, cfg, spec, seed + it) >= cfg.env.stop_value:
+                return {"seed": seed, "envstep": envstep, "train_iter": it,
+                        "wall_s": round(time.perf_counter() - t0, 2), "solved": True}
     return {"seed": seed, "envstep": envstep, "train_iter": it, "wall_s": round(time.perf_counter() - t0, 2),
             "solved": False}
 
@@ -88,9 +105,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(REPO / "deploy" / "configs" / "cartpole_dqn.py"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
+    if args.overrides:
+        cfg = apply_overrides(cfg, args.overrides)
     runs = []
     for seed in args.seeds:
         r = solve(cfg, seed)

@@ -34,6 +34,8 @@ def solve_once(config: str, seed: int, collectors: int, extra: list[str]) -> dic
         return {"seed": seed, "exit_code": res.returncode, "wall_s": round(wall, 2),
                 "coordinator_wall_s": summary.get("wall_seconds"), "envstep": summary.get("envstep"),
                 "train_iter": summary.get("train_iter"), "eval_reward": summary.get("last_eval_reward_mean"),
+                "policy_envstep": summary.get("last_eval_policy_envstep"),
+                "stale_chunks": summary.get("learner_stale_chunks", 0),
                 "learner_wait_share": summary.get("learner_wait_share"),
                 "stderr_tail": "" if res.returncode == 0 else res.stderr[-500:]}
 
@@ -48,12 +50,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     extra = [f"--set={o}" for o in args.overrides]
     runs = []
-    print(f"{'seed':>4} {'exit':>4} {'wall s':>7} {'coord s':>7} {'env steps':>9} {'train it':>8} {'eval':>6}")
+    print(f"{'seed':>4} {'exit':>4} {'wall s':>7} {'coord s':>7} {'env steps':>9} {'at policy':>9} {'train it':>8} "
+          f"{'eval':>6} {'stale':>5}")
     for seed in args.seeds:
         r = solve_once(args.config, seed, args.collectors, extra)
         runs.append(r)
         print(f"{r['seed']:>4} {r['exit_code']:>4} {r['wall_s']:>7} {r['coordinator_wall_s'] or '-':>7} "
-              f"{r['envstep'] or '-':>9} {r['train_iter'] or '-':>8} {r['eval_reward'] or '-':>6}", flush=True)
+              f"{r['envstep'] or '-':>9} {r['policy_envstep'] or '-':>9} {r['train_iter'] or '-':>8} "
+              f"{r['eval_reward'] or '-':>6} {r['stale_chunks']:>5}", flush=True)
         if r["stderr_tail"]:
             print(r["stderr_tail"], file=sys.stderr)
     ok = [r for r in runs if r["exit_code"] == 0]
@@ -61,11 +65,16 @@ def main(argv: list[str] | None = None) -> dict:
         "solved": f"{len(ok)}/{len(runs)}",
         "median_wall_s": statistics.median(r["wall_s"] for r in runs),
         "median_envstep": statistics.median(r["envstep"] for r in ok) if ok else None,
+        # Env steps consumed when the policy version that passed was made (sample efficiency,
+        # without the time the asynchronous eval itself took).
+        "median_policy_envstep": statistics.median(r["policy_envstep"] for r in ok) if ok else None,
+        "stale_chunks": sum(r["stale_chunks"] or 0 for r in runs),
         "median_train_iter": statistics.median(r["train_iter"] for r in ok) if ok else None,
         "runs": runs,
     }
     print(f"solved {result['solved']}, median wall {result['median_wall_s']} s, "
-          f"median env steps {result['median_envstep']}, median train iters {result['median_train_iter']}")
+          f"median env steps {result['median_envstep']} (at the passing policy {result['median_policy_envstep']}), "
+          f"median train iters {result['median_train_iter']}, stale chunks dropped {result['stale_chunks']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -48,6 +48,9 @@ def test_ppo_trains_cartpole_and_rqrl_eval_plays_it(tmp_path, redis_server):
     assert summary["exit_code"] == 0 and summary["status"].startswith("converged"), summary
     assert float(summary["last_eval_reward_mean"]) >= 195
     assert "learner_stale_chunks" in summary and int(summary["learner_stale_chunks"]) >= 0, summary
+    if int(summary["learner_stale_chunks"]) == 0 and "learner_policy_lag_max" in summary:
+        # Every chunk was ingested while its version was the one being trained: no lag at all.
+        assert float(summary["learner_policy_lag_max"]) == 0.0, summary
     print(f"PPO CartPole seed 0: {elapsed:.1f} s launch to exit, {summary['envstep']} env steps, "
           f"{summary['train_iter']} train iters, stale chunks {summary['learner_stale_chunks']}")
 

@@ -320,3 +320,73 @@ def test_rqrl_train_refuses_wrong_action_shape_before_launching(monkeypatch, cap
     assert len(err.splitlines()) == 1, err
     after = {p.pid for p in psutil.Process().children(recursive=True)}
     assert after <= before, "rqrl train started child processes"
+
+
+# ---------------------------------------------------------------- a collector task on every space
+
+class FakeComm:
+    """What workers/collector.py calls on RedisCommCollector, in memory: one published version, kept."""
+
+    def __init__(self, weights) -> None:
+        self.weights, self.sent, self.meta = weights, [], []
+        self.policy_version, self.policy_published_at, self.stop_flag, self.limiter_wait_s = 0, 0.0, False, 0.0
+        self.policy_envstep = 0  # env steps counted when the held version was published
+
+    def wait_for_policy(self, timeout):
+        pass
+
+    def get_policy_update_info(self):
+        return self.weights
+
+    def poll_stop(self):
+        return False
+
+    def send_stepdata(self, data_id, arrays):
+        self.sent.append(arrays)
+        return 1
+
+    def send_metadata(self, meta):
+        self.meta.append(meta)
+
+    def flush(self):
+        return False
+
+    def wait_for_policy_update(self, timeout):
+        return False
+
+
+@pytest.mark.parametrize("env_id,algo", [("Pendulum-v1", "ppo"), ("MountainCarContinuous-v0", "ppo"), ("Acrobot-v1", "dqn"),
+                                         ("FrozenLake-v1", "dqn"), ("Taxi-v4", "ppo"), ("CliffWalking-v1", "dqn"),
+                                         (SHIFTED_ID, "dqn"), (SHIFTED_ID, "ppo")])
+def test_collector_task_produces_schema_rows_the_policy_learns_from(env_id, algo):
+    """In process, no Redis: a collector task's chunks follow the policy schema (shape and dtype) and
+    one learn step on them gives finite figures, for every supported space."""
+    from workers.collector import Collector
+
+    model = {"hidden_size_list": [16]} if algo == "dqn" else \
+        {"encoder_hidden_size_list": [16], "actor_head_hidden_size": 16, "critic_head_hidden_size": 16}
+    cfg = compile_config({"exp_name": "spaces_test", "env": {"env_id": env_id, "collector_env_num": 2},
+                          "policy": {"model": model, "learn": {"batch_size": 16},
+                                     "collect": {"n_sample": 16, "collector": {"task_env_steps": 64}}}},
+                         {"policy": {"type": algo}})
+    spec = spaces.probe(cfg)
+    learner_cfg = copy.deepcopy(cfg)
+    spaces.check_model(learner_cfg, spec)
+    torch.manual_seed(0)
+    learner = create_policy(learner_cfg, spec, modes=("learn",), device="cpu")
+    comm = FakeComm(learner.get_weights())
+    setting = {"eps": 0.5} if algo == "dqn" else {"rollout_rows": 16}
+    task = {"eval_flag": False, "seed": 0, "task_id": "t1", "collect_setting": setting, "envstep": 0}
+    info = Collector(cfg, task, comm).run()
+    assert info["step_count"] == 64
+    assert comm.sent and sum(m["env_steps"] for m in comm.meta) == 64
+    schema = learner.schema()
+    for arrays in comm.sent:
+        assert set(arrays) == set(schema)
+        n = len(arrays["obs"])
+        for name, (shape, dtype) in schema.items():
+            assert arrays[name].shape == (n, *shape) and arrays[name].dtype == dtype, (name, arrays[name].dtype)
+    batch = {k: np.concatenate([a[k] for a in comm.sent]) for k in schema}
+    assert len(batch["obs"]) == 64  # every env step became one row (n-step / GAE rows, flushed at the end)
+    figures = learner.learn(batch)
+    assert all(np.isfinite(v) for v in figures.values()), figures
