@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import runpy
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,16 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
             ),
         ),
         eval=dict(evaluator=dict(max_episode_seconds=60.0)),
-        other=dict(replay_buffer=dict(replay_buffer_size=20000, replay_start_size=256)),
+        other=dict(replay_buffer=dict(
+            replay_buffer_size=20000,
+            replay_start_size=256,
+            # Proportional prioritized replay (Schaul et al. 2016), for algorithms that report |TD error|.
+            priority=False,
+            priority_alpha=0.6,
+            priority_beta=0.4,  # importance-sampling exponent, annealed linearly to 1 over ...
+            priority_beta_anneal_iters=10_000,  # ... this many train iterations
+            priority_eps=1e-6,
+        )),
     ),
     commander=dict(
         collector_task_space=2,
@@ -243,6 +253,13 @@ def load_config(path: str | Path) -> EasyDict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
+    # A module next to the config file (or in the cwd) that registers a custom env is importable
+    # from the file, whichever command runs it (a console script does not put the cwd on sys.path).
+    import sys
+
+    for folder in (str(path.resolve().parent), os.getcwd()):
+        if folder not in sys.path:
+            sys.path.append(folder)
     try:
         ns = runpy.run_path(str(path))
     except SyntaxError as e:

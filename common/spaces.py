@@ -76,7 +76,9 @@ class SpaceSpec:
         """``policy.model.obs_shape``: an int for flat observations, else the shape as a list."""
         if self.obs_kind == "discrete":
             return self.obs_n
-        return int(self.obs_shape[0]) if len(self.obs_shape) == 1 else list(self.obs_shape)
+        if len(self.obs_shape) <= 1:  # a scalar Box is one feature
+            return int(self.obs_shape[0]) if self.obs_shape else 1
+        return list(self.obs_shape)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}

@@ -8,8 +8,8 @@ Files are read with ``torch.load(path, weights_only=True)``; non-finite weights 
 
 Usage::
 
-    rqrl eval cartpole_dqn/final.pt --episodes 10
-    rqrl eval cartpole_ppo/final.pt --video cartpole.gif
+    rqrl eval <exp_name>/final.pt --episodes 10
+    rqrl eval <exp_name>/final.pt --video episode.gif
 
 Heavy imports (torch, gymnasium) happen inside the functions, so building the ``rqrl`` parser
 stays fast.
@@ -302,7 +302,7 @@ def _render(env: Any, env_id: str) -> Any:
     except Exception as e:  # e.g. gymnasium.error.DependencyNotInstalled (pygame for classic control)
         raise EvalError(f"cannot render env {env_id!r} for --video: {_first_line(e)}") from None
     if frame is None:
-        raise EvalError(f"env {env_id!r} rendered nothing in render_mode='rgb_array'; --video needs an env that supports it")
+        raise EvalError(f"env {env_id!r} rendered nothing in render_mode='rgb_array'; --video needs an env that can render frames")
     return frame
 
 

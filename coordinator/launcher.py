@@ -139,6 +139,9 @@ class Launcher:
             print(f"started a private redis-server at {url}", file=sys.stderr)
         self.url = url
         env = dict(os.environ, RQRL_REDIS_URL=url, RQ_REDIS_URL=url, PYTHONUNBUFFERED="1")
+        # Modules beside the config file or in the cwd (custom envs, env.import_names) import in every child.
+        extra = [str(Path(self.config_path).resolve().parent), os.getcwd()]
+        env["PYTHONPATH"] = os.pathsep.join([*extra, *filter(None, [os.environ.get("PYTHONPATH", "")])])
         env.setdefault("RQRL_TORCH_THREADS", "1")
         conn = connect_checked(url)
         config_path = str(Path(self.config_path).resolve())

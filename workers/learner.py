@@ -124,8 +124,7 @@ class BaseLearner:
         t0 = time.perf_counter()
         log_vars = self._policy.learn(data)
         priority = log_vars.pop("priority", None)
-        if priority is not None:
-            self._priority_info = {"priority": priority}
+        self._priority_info = {"priority": priority} if priority is not None else {}
         self._log_buffer["scalar"]["train_time"].append(time.perf_counter() - t0)
         for k, v in log_vars.items():
             self._log_buffer["scalar"][k].append(float(v))
@@ -308,6 +307,17 @@ class PublishPolicyHook(LearnerHook):
                        envstep=learner.collector_envstep)
 
 
+class FeedbackHook(LearnerHook):
+    """Hand the last iteration's ``priority_info`` to the data source (prioritized replay)."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__("source_feedback_after_iter", "after_iter", priority=10)
+        self._source = source
+
+    def __call__(self, learner: BaseLearner) -> None:
+        self._source.feedback(learner.priority_info)
+
+
 class SendInfoHook(LearnerHook):
     """Send ``learner_info`` events (train iter, env steps, buffer and throughput figures)."""
 
@@ -390,6 +400,7 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
     info_freq = 1 if source.publish_every_iter else lcfg.send_info_freq
     learner.register_hook(SendInfoHook(conn, exp, task_id, info_freq, stats))
     learner.get_data = source
+    learner.register_hook(FeedbackHook(source))
     reader = BufferReader(conn, exp, task["buffer_id"], task_id, source.store, learner.logger, source.notify, lease_key,
                           train_iter=lambda: learner.train_iter)
     source.reader = reader

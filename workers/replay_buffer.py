@@ -1,4 +1,5 @@
-"""A uniform replay buffer of stacked transition arrays (ring buffer, thread-safe)."""
+"""Replay buffers of stacked transition arrays (ring buffers, thread-safe): uniform, and
+proportional prioritized replay (Schaul et al. 2016) on a numpy sum tree."""
 
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ class ReplayBuffer:
             self._next = int((self._next + n) % self.capacity)
             self._size = min(self.capacity, self._size + n)
             self.pushed += n
+            self._inserted(idx)
+
+    def _inserted(self, idx: np.ndarray) -> None:
+        """Called under the lock with the slots just written (prioritized replay sets their priority)."""
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """``batch_size`` rows drawn uniformly with replacement.
@@ -83,3 +88,122 @@ class ReplayBuffer:
             out = {k: v[idx] for k, v in self._data.items()}
             self.sampled += batch_size
         return out
+
+
+class SumTree:
+    """Binary sum tree over ``capacity`` leaves, vectorised in numpy: O(log N) batched updates and
+    prefix-sum searches (the structure of Schaul et al.'s proportional variant)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.leaves = 1 << max(0, int(np.ceil(np.log2(max(1, capacity)))))
+        self.depth = int(np.log2(self.leaves))
+        self.tree = np.zeros(2 * self.leaves, np.float64)  # node i has children 2i, 2i+1; root 1
+
+    @property
+    def total(self) -> float:
+        return float(self.tree[1])
+
+    def update(self, idx: np.ndarray, values: np.ndarray) -> None:
+        """Set leaves ``idx`` (int (B,)) to ``values`` (float (B,)) and fix the sums above them."""
+        node = np.asarray(idx, np.int64) + self.leaves
+        self.tree[node] = values  # a repeated index keeps its last value
+        for _ in range(self.depth):
+            node = np.unique(node >> 1)
+            self.tree[node] = self.tree[2 * node] + self.tree[2 * node + 1]
+
+    def find(self, mass: np.ndarray) -> np.ndarray:
+        """Leaf index whose prefix-sum interval holds each of ``mass`` (float (B,), in [0, total))."""
+        node = np.ones(len(mass), np.int64)
+        mass = np.array(mass, np.float64)
+        for _ in range(self.depth):
+            left = 2 * node
+            right = mass >= self.tree[left]
+            mass -= self.tree[left] * right
+            node = left + right
+        return node - self.leaves
+
+    def get(self, idx: np.ndarray) -> np.ndarray:
+        return self.tree[np.asarray(idx, np.int64) + self.leaves]
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Proportional prioritized replay (Schaul et al. 2016, "Prioritized Experience Replay").
+
+    Sampling probability P(i) = p_i / sum_k p_k with p_i = (|delta_i| + eps)^alpha; new rows
+    enter at the largest priority seen so far, so each is replayed at least once soon. Samples
+    carry importance-sampling weights w_i = (N * P(i))^-beta / max_batch w (field ``weight``,
+    float32 (B,)), with beta annealed linearly from ``beta`` to 1 over ``beta_anneal_iters``
+    train iterations; the learner then feeds back |delta| through :meth:`update_priorities`.
+
+    Args:
+        capacity, schema: as :class:`ReplayBuffer`.
+        alpha: priority exponent (0 = uniform).
+        beta: initial importance-sampling exponent.
+        beta_anneal_iters: train iterations over which beta reaches 1 (0: stays at ``beta``).
+        eps: added to |delta| so no transition's probability reaches 0.
+    """
+
+    def __init__(self, capacity: int, schema: dict[str, tuple[tuple[int, ...], np.dtype]], alpha: float = 0.6,
+                 beta: float = 0.4, beta_anneal_iters: int = 0, eps: float = 1e-6) -> None:
+        super().__init__(capacity, schema)
+        if alpha < 0 or not 0 <= beta <= 1:
+            raise ValueError(f"priority_alpha must be >= 0 and priority_beta in [0, 1], got {alpha}, {beta}")
+        self.alpha, self.beta0, self.anneal, self.eps = float(alpha), float(beta), int(beta_anneal_iters), float(eps)
+        self._tree = SumTree(capacity)
+        self._max_priority = 1.0  # in |delta| units, before the exponent
+        self._generation = np.zeros(capacity, np.int64)  # bumped on overwrite: stale updates are dropped
+        self.last_idx = np.zeros(0, np.int64)
+        self._last_gen = np.zeros(0, np.int64)
+
+    def beta(self, train_iter: int) -> float:
+        """The importance-sampling exponent at ``train_iter``."""
+        if self.anneal <= 0:
+            return self.beta0
+        return self.beta0 + (1.0 - self.beta0) * min(1.0, train_iter / self.anneal)
+
+    def _inserted(self, idx: np.ndarray) -> None:
+        self._generation[idx] += 1
+        self._tree.update(idx, np.full(len(idx), (self._max_priority + self.eps) ** self.alpha))
+
+    def sample(self, batch_size: int, rng: np.random.Generator, train_iter: int = 0) -> dict[str, np.ndarray]:
+        """``batch_size`` rows drawn with P(i) proportional to p_i (stratified over the total mass),
+        plus ``weight`` float32 (B,); remembers the rows for :meth:`update_priorities`.
+
+        Raises:
+            ValueError: the buffer is empty.
+        """
+        with self._lock:
+            if self._size == 0:
+                raise ValueError("cannot sample from an empty replay buffer")
+            total = self._tree.total
+            mass = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
+            idx = np.minimum(self._tree.find(np.minimum(mass, np.nextafter(total, 0))), self._size - 1)
+            prob = self._tree.get(idx) / total
+            w = (self._size * prob) ** -self.beta(train_iter)
+            out = {k: v[idx] for k, v in self._data.items()}
+            out["weight"] = (w / w.max()).astype(np.float32)
+            self.last_idx, self._last_gen = idx, self._generation[idx].copy()
+            self.sampled += batch_size
+        return out
+
+    def update_priorities(self, idx: np.ndarray, td_abs: np.ndarray, generation: np.ndarray | None = None) -> int:
+        """Set p_i = (|delta_i| + eps)^alpha for rows ``idx``; rows overwritten since they were sampled
+        (their ``generation`` changed) keep their new priority. Returns how many were updated.
+
+        Raises:
+            ValueError: ``td_abs`` is not finite or has another length than ``idx``.
+        """
+        td_abs = np.abs(np.asarray(td_abs, np.float64))
+        idx = np.asarray(idx, np.int64)
+        if td_abs.shape != idx.shape or not np.all(np.isfinite(td_abs)):
+            raise ValueError(f"priorities must be {idx.shape} finite values, got shape {td_abs.shape}")
+        with self._lock:
+            keep = np.ones(len(idx), bool) if generation is None else self._generation[idx] == generation
+            if keep.any():
+                self._max_priority = max(self._max_priority, float(td_abs[keep].max()))
+                self._tree.update(idx[keep], (td_abs[keep] + self.eps) ** self.alpha)
+        return int(keep.sum())
+
+    def update_last(self, td_abs: np.ndarray) -> int:
+        """:meth:`update_priorities` for the rows of the last :meth:`sample`."""
+        return self.update_priorities(self.last_idx, td_abs, self._last_gen)

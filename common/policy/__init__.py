@@ -17,6 +17,7 @@ from common.policy.base import Algorithm, Policy
 ALGORITHMS: dict[str, str] = {
     "dqn": "common.policy.dqn",
     "ppo": "common.policy.ppo",
+    "sac": "common.policy.sac",
 }
 
 

@@ -41,8 +41,8 @@ def adam(params: Any, lr: float) -> torch.optim.Optimizer:
 
 
 def get_weights(module: nn.Module) -> dict[str, np.ndarray]:
-    """``module``'s state as float32 numpy arrays on the CPU."""
-    return {k: v.detach().to("cpu", torch.float32).numpy() for k, v in module.state_dict().items()}
+    """``module``'s state as float32 numpy arrays on the CPU (copies: training does not change them later)."""
+    return {k: v.detach().to("cpu", torch.float32, copy=True).numpy() for k, v in module.state_dict().items()}
 
 
 def set_weights(module: nn.Module, weights: dict[str, np.ndarray]) -> None:

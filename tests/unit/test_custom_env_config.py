@@ -142,10 +142,6 @@ def test_unimportable_import_name_refused_naming_key_and_module():
         spaces.import_env_modules(["no_such_module_rqrl"])
 
 
-@pytest.mark.xfail(strict=True, reason="the `rqrl` console script does not put the cwd (nor the config file's folder) on "
-                   "sys.path before running the config, so `import my_env` next to the config fails with "
-                   "ModuleNotFoundError, while `python -m coordinator` (cwd on sys.path) and the rq workers "
-                   "(rq --path '.') import it")
 def test_rqrl_console_script_imports_an_env_module_from_the_cwd(tmp_path, monkeypatch):
     from pathlib import Path
 

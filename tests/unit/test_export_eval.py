@@ -184,9 +184,6 @@ if SCALAR_ID not in gym.registry:
     gym.register(id=SCALAR_ID, entry_point=ScalarObsEnv)
 
 
-@pytest.mark.xfail(strict=True, reason="common/spaces.py SpaceSpec.model_obs_shape returns [] for a Box of shape (), "
-                   "check_model writes it into policy.model.obs_shape, and common/config.py _validate refuses [] when "
-                   "rqrl eval recompiles the final.pt's config")
 def test_final_pt_of_a_scalar_box_observation_plays(tmp_path):
     policy = make_policy("dqn", SCALAR_ID)
     assert policy.spec.obs_shape == () and policy.spec.obs_dim == 1

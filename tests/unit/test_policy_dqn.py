@@ -13,7 +13,8 @@ from easydict import EasyDict
 
 from common.policy import create_policy, get_algorithm
 from common.policy.dqn import collect_setting
-from common.policy.dqn.policy import DQNPolicy, NStepAdder, QNetwork
+from common.policy.dqn.policy import DQNPolicy, QNetwork
+from common.policy.nstep import NStepAdder
 from common.spaces import SpaceSpec
 
 GAMMA = 0.9

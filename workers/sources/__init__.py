@@ -71,6 +71,9 @@ class DataSource:
         """Figures for learner_info events (numbers only)."""
         return {}
 
+    def feedback(self, priority_info: dict[str, Any]) -> None:
+        """After each train iteration: what the policy reported about the batch (e.g. priorities)."""
+
     def _ready(self, envstep: int) -> bool:
         raise NotImplementedError
 

@@ -1,4 +1,5 @@
-"""Off-policy data: a uniform replay buffer, sampled under the replay-ratio limiter.
+"""Off-policy data: a replay buffer (uniform, or prioritized with ``replay_buffer.priority``),
+sampled under the replay-ratio limiter.
 
 The learner trains at most ``train_iter_per_env_step`` iterations per env step received
 (counted from this learner's start), once ``replay_start_size`` transitions are stored. The
@@ -14,7 +15,7 @@ import numpy as np
 import redis
 from easydict import EasyDict
 
-from workers.replay_buffer import ReplayBuffer
+from workers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from workers.sources import DataSource
 
 if TYPE_CHECKING:
@@ -27,7 +28,13 @@ class ReplayFeeder(DataSource):
     def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
                  schema: dict[str, Any], seed: int) -> None:
         super().__init__(conn, exp, learner)
-        self.store = ReplayBuffer(int(cfg.policy.other.replay_buffer.replay_buffer_size), schema)
+        rb = cfg.policy.other.replay_buffer
+        if rb.priority:
+            self.store: ReplayBuffer = PrioritizedReplayBuffer(
+                int(rb.replay_buffer_size), schema, alpha=float(rb.priority_alpha), beta=float(rb.priority_beta),
+                beta_anneal_iters=int(rb.priority_beta_anneal_iters), eps=float(rb.priority_eps))
+        else:
+            self.store = ReplayBuffer(int(rb.replay_buffer_size), schema)
         self._batch = int(cfg.policy.learn.batch_size)
         self._start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)
         self._ratio = float(cfg.policy.learn.train_iter_per_env_step)
@@ -49,7 +56,24 @@ class ReplayFeeder(DataSource):
         return len(self.store) >= self._start and self.ratio_ok(envstep)
 
     def _take(self) -> dict[str, np.ndarray]:
+        if isinstance(self.store, PrioritizedReplayBuffer):
+            return self.store.sample(self._batch, self._rng, self._learner.train_iter)
         return self.store.sample(self._batch, self._rng)
+
+    def feedback(self, priority_info: dict[str, Any]) -> None:
+        """Prioritized replay: new priorities from the last train iteration's |TD error|
+        (the seed learner's ``priority_info``).
+
+        Raises:
+            RuntimeError: the policy reported no ``priority`` although the buffer is prioritized.
+        """
+        if not isinstance(self.store, PrioritizedReplayBuffer):
+            return
+        priority = priority_info.get("priority")
+        if priority is None:
+            raise RuntimeError("policy.other.replay_buffer.priority=True needs an algorithm whose learn() returns "
+                               "'priority' (|TD error| per row) when the batch has a 'weight' field")
+        self.store.update_last(priority)
 
     def stats(self) -> dict[str, Any]:
         return {"buffer_size": len(self.store), "pushed": self.store.pushed}

@@ -16,12 +16,13 @@ Learn step (van Hasselt et al. 2016, double DQN)::
     loss   = Huber(Q_online(obs, action), target)
 
 The target network is copied from the online one every ``target_update_freq`` train iterations.
+With prioritized replay the batch carries importance-sampling weights (field ``weight``) that
+scale each row's loss, and ``learn`` returns the rows' |TD error| as new priorities.
 Acting is epsilon-greedy with ``eps`` from the task's collect setting (common/policy/dqn/__init__.py).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Optional
 
 import numpy as np
@@ -32,6 +33,7 @@ from easydict import EasyDict
 
 from common.policy import nets
 from common.policy.base import Policy, Schema
+from common.policy.nstep import NStepAdder
 from common.spaces import SpaceError, SpaceSpec
 
 
@@ -89,7 +91,9 @@ class DQNPolicy(Policy):
                 "done": ((), np.dtype(np.bool_)), "discount": ((), f32)}
 
     # ------------------------------------------------------------------ learn
-    def learn(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    def learn(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        """One double-DQN step; with a ``weight`` field (prioritized replay) the Huber loss is
+        importance-weighted per row and ``priority`` (float32 (B,), |TD error|) is returned too."""
         dev, lc = self.device, self.cfg.policy.learn
         obs = nets.obs_tensor(self.spec, batch["obs"], dev)
         next_obs = nets.obs_tensor(self.spec, batch["next_obs"], dev)
@@ -105,7 +109,11 @@ class DQNPolicy(Policy):
             best_next = q_all[len(obs):].argmax(dim=1, keepdim=True)
             next_q = self.target_model(next_obs).gather(1, best_next).squeeze(1)
             target = reward + discount * not_done * next_q
-        loss = F.smooth_l1_loss(q, target, beta=lc.huber_delta)
+        if "weight" in batch:  # prioritized replay: importance-sampling weights per row
+            w = torch.as_tensor(batch["weight"], dtype=torch.float32, device=dev)
+            loss = (w * F.smooth_l1_loss(q, target, beta=lc.huber_delta, reduction="none")).mean()
+        else:
+            loss = F.smooth_l1_loss(q, target, beta=lc.huber_delta)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if lc.grad_clip_norm > 0:
@@ -115,8 +123,11 @@ class DQNPolicy(Policy):
         self._updates += 1
         if self._updates % lc.target_update_freq == 0:
             self.target_model.load_state_dict(self.model.state_dict())
-        return {"cur_lr": self.optimizer.param_groups[0]["lr"], "total_loss": loss.item(),
-                "q_value": q.detach().mean().item(), "target_q_value": target.mean().item()}
+        out: dict[str, Any] = {"cur_lr": self.optimizer.param_groups[0]["lr"], "total_loss": loss.item(),
+                               "q_value": q.detach().mean().item(), "target_q_value": target.mean().item()}
+        if "weight" in batch:
+            out["priority"] = (q.detach() - target).abs().cpu().numpy()  # |TD error| (B,), new priorities
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "target_model": self.target_model.state_dict(),
@@ -151,56 +162,5 @@ class DQNPolicy(Policy):
             idx[explore] = rng.integers(0, self.spec.action_n, size=int(explore.sum()))
         return idx + self.spec.action_start, {"action": idx}
 
-    def make_adder(self, env_num: int, setting: dict[str, Any]) -> "NStepAdder":
+    def make_adder(self, env_num: int, setting: dict[str, Any]) -> NStepAdder:
         return NStepAdder(env_num, self._nstep, self._gamma)
-
-
-class NStepAdder:
-    """Per-env step streams -> n-step rows (module docstring).
-
-    ``add`` returns the oldest pending step of each env that has ``nstep`` pending, or all of
-    an env's pending steps when its episode ends; ``terminated`` marks ``done``, ``truncated``
-    only flushes (the row bootstraps from the final observation).
-    """
-
-    FIELDS = ("obs", "action", "reward", "next_obs", "done", "discount")
-
-    def __init__(self, env_num: int, nstep: int, gamma: float) -> None:
-        self.nstep = nstep
-        self.gamma = gamma
-        self._pending: list[deque] = [deque() for _ in range(env_num)]
-
-    def add(self, obs: np.ndarray, record: dict[str, np.ndarray], reward: np.ndarray, next_obs: np.ndarray,
-            terminated: np.ndarray, truncated: np.ndarray) -> Optional[dict[str, np.ndarray]]:
-        rows: list[tuple] = []
-        action = record["action"]
-        for i, pending in enumerate(self._pending):
-            pending.append((obs[i], int(action[i]), float(reward[i])))
-            if terminated[i] or truncated[i]:
-                while pending:
-                    rows.append(self._emit(pending, next_obs[i], bool(terminated[i])))
-            elif len(pending) == self.nstep:
-                rows.append(self._emit(pending, next_obs[i], False))
-        return self._stack(rows)
-
-    def flush(self, obs: np.ndarray) -> Optional[dict[str, np.ndarray]]:
-        rows: list[tuple] = []
-        for i, pending in enumerate(self._pending):
-            while pending:
-                rows.append(self._emit(pending, obs[i], False))
-        return self._stack(rows)
-
-    def _emit(self, pending: deque, bootstrap_obs: np.ndarray, done: bool) -> tuple:
-        ret = 0.0
-        for k, (_, _, r) in enumerate(pending):
-            ret += (self.gamma ** k) * r
-        o, a, _ = pending.popleft()
-        return (o, a, ret, bootstrap_obs, done, self.gamma ** (len(pending) + 1))
-
-    def _stack(self, rows: list[tuple]) -> Optional[dict[str, np.ndarray]]:
-        if not rows:
-            return None
-        cols = list(zip(*rows))
-        return {"obs": np.stack(cols[0]), "action": np.asarray(cols[1], np.int64),
-                "reward": np.asarray(cols[2], np.float32), "next_obs": np.stack(cols[3]),
-                "done": np.asarray(cols[4], np.bool_), "discount": np.asarray(cols[5], np.float32)}
