@@ -51,6 +51,11 @@ _QUEUE = {"collector": keys.COLLECTOR_QUEUE, "learner": keys.LEARNER_QUEUE}
 _ALIVE_TTL_S = 6.0
 
 
+def _fmt(value: Any) -> str:
+    """An eval figure for the closing lines: 2 decimals, or ``none``."""
+    return f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "none"
+
+
 class CoordinatorError(RuntimeError):
     """The coordinator cannot run (e.g. another one owns the experiment)."""
 
@@ -395,7 +400,7 @@ class Coordinator:
             f"  wall time      {summary['wall_seconds']:.1f} s",
             f"  env steps      {summary['envstep']}",
             f"  train iters    {summary['train_iter']}",
-            f"  last eval      {summary['last_eval_reward_mean'] or 'none'} (stop_value {self.cfg.env.stop_value})",
+            f"  last eval      {_fmt(summary['last_eval_reward_mean'])} (stop_value {self.cfg.env.stop_value})",
             f"  final policy   {final or 'not saved'}",
             f"  curve          {curve.get('path') or 'no evaluations'}",
         ]
