@@ -97,6 +97,10 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         eval_interval=60.0,  # seconds, as the seed's SoloCommander
         eval_every_train_iter=200,
         eval_every_env_step=0,
+        # An eval that reaches stop_value is confirmed by a second eval of the *same* weights on
+        # this many fresh episodes (other seeds) before the run converges; 0 = converge at once.
+        # final.pt holds exactly the confirmed weights; best.pt the best-evaluated so far.
+        confirm_eval_episodes=20,
         # Give up (exit non-zero) when one of these passes without convergence (0 = no limit).
         max_env_step=0,
         max_train_iter=0,

@@ -18,6 +18,7 @@ Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
     rqrl:{exp}:tasks                         hash: task_id -> task record (JSON) of the coordinator's running tasks
     rqrl:{exp}:task:{task_id}:lease          string: present while the task may write (revoked when declared dead)
     rqrl:{exp}:task:{task_id}:heartbeat      string with a TTL, refreshed by a running task
+    rqrl:{exp}:task:{task_id}:evaluated      hash (TTL): the final.pt bundle an eval task played
     rqrl:experiments                         set of experiment names seen by coordinators
 """
 
@@ -122,6 +123,11 @@ def lease(exp: str, task_id: str) -> str:
 def heartbeat(exp: str, task_id: str) -> str:
     """Liveness key of a running task, kept alive with a TTL."""
     return f"{exp_prefix(exp)}:task:{_check('task_id', task_id)}:heartbeat"
+
+
+def evaluated_policy(exp: str, task_id: str) -> str:
+    """The policy an eval task played, as a final.pt bundle (versioned blob with a TTL)."""
+    return f"{exp_prefix(exp)}:task:{_check('task_id', task_id)}:evaluated"
 
 
 def all_keys_pattern(exp: str) -> str:

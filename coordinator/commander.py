@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 from easydict import EasyDict
 
+from common import keys
 from common.policy import algorithm_of
 from common.registry import COMMANDER_REGISTRY
 from common.task_space import TaskSpace
@@ -120,6 +121,10 @@ class SoloCommander(BaseCommander):
         self._eval_in_flight: Optional[str] = None
         self._eval_own_slot = False  # the eval in flight holds the eval slot, not collector space
         self._last_eval = {"time": self._clock(), "train_iter": 0, "envstep": 0}
+        # An eval that passed, waiting for its confirmation eval ({"task_id", "dispatched"}).
+        self._confirm: Optional[dict] = None
+        self._best: dict = {}  # best eval so far: task_id, reward_mean, policy_version, envstep
+        self._final_task: Optional[str] = None  # the eval task whose weights the run converged with
         self._algorithm = algorithm_of(cfg)  # torch-free: defaults and the collect setting
         self._tb_logger = tb_logger
         self._logger = logger
@@ -140,6 +145,8 @@ class SoloCommander(BaseCommander):
         c = self._commander_cfg
         if self._eval_in_flight is not None or self.train_iter == 0:
             return False
+        if self._confirm is not None:
+            return True
         due_time = c.eval_interval > 0 and self._clock() - self._last_eval["time"] >= c.eval_interval
         due_iter = c.eval_every_train_iter > 0 and self.train_iter - self._last_eval["train_iter"] >= c.eval_every_train_iter
         due_step = c.eval_every_env_step > 0 and self.total_envstep - self._last_eval["envstep"] >= c.eval_every_env_step
@@ -162,13 +169,19 @@ class SoloCommander(BaseCommander):
         if not own_slot and not self._collector_task_space.acquire_space():
             return None
         task_id = new_task_id("collector")
+        extra: dict[str, Any] = {}
         if eval_flag:
             self._eval_in_flight = task_id
             self._eval_own_slot = own_slot
-            self._last_eval = {"time": self._clock(), "train_iter": self.train_iter, "envstep": self.total_envstep}
+            if self._confirm is not None:  # replay exactly the weights that passed, on fresh episodes
+                self._confirm["dispatched"] = task_id
+                extra = {"eval_policy_key": keys.evaluated_policy(self._exp_name, self._confirm["task_id"]),
+                         "eval_episodes": int(self._commander_cfg.confirm_eval_episodes)}
+            else:
+                self._last_eval = {"time": self._clock(), "train_iter": self.train_iter, "envstep": self.total_envstep}
         info = {"envstep": self.total_envstep, "train_iter": self.train_iter,
                 "collectors": self._collector_task_space.max_val}
-        return {
+        return {**extra,
             "task_id": task_id,
             "task_type": "collector",
             "run_id": self._run_id,
@@ -239,16 +252,41 @@ class SoloCommander(BaseCommander):
                 self._tb_logger.add_scalar(f"{kind}_iter/{k}", v, train_iter)
                 self._tb_logger.add_scalar(f"{kind}_step/{k}", v, self.total_envstep)
         if is_eval:
-            record = dict(finished_task, envstep=self.total_envstep, time=self._clock(), train_iter=train_iter)
-            self._evaluator_info.append(record)
-            stop_value = self._cfg.env.stop_value
-            if stop_value is not None and finished_task["reward_mean"] >= stop_value:
-                if self._logger is not None:
-                    self._logger.info("eval reward_mean %.2f >= stop_value %s: the experiment has converged",
-                                      finished_task["reward_mean"], stop_value)
-                self._end_flag = True
-                return True
+            return self._judge_eval(task_id, finished_task, train_iter)
         return False
+
+    def _judge_eval(self, task_id: str, finished_task: dict, train_iter: int) -> bool:
+        """Record an eval; True when the run converged (an eval passed and, if asked, its confirmation)."""
+        reward = float(finished_task["reward_mean"])
+        record = dict(finished_task, envstep=self.total_envstep, time=self._clock(), train_iter=train_iter, task_id=task_id)
+        self._evaluator_info.append(record)
+        if not self._best or reward > self._best["reward_mean"]:
+            self._best = {"task_id": task_id, "reward_mean": reward, "policy_version": train_iter,
+                          "envstep": finished_task.get("policy_envstep", self.total_envstep)}
+        stop_value = self._cfg.env.stop_value
+        passed = stop_value is not None and reward >= stop_value
+        confirming = self._confirm is not None and self._confirm.get("dispatched") == task_id
+        if confirming:
+            self._confirm = None
+            if not passed:
+                self._log("confirmation eval of policy version %d: reward_mean %.2f < stop_value %s; training goes on",
+                          train_iter, reward, stop_value)
+                return False
+        elif passed and self._commander_cfg.confirm_eval_episodes > 0:
+            self._confirm = {"task_id": task_id}
+            self._log("eval of policy version %d: reward_mean %.2f >= stop_value %s; confirming on %d fresh episodes",
+                      train_iter, reward, stop_value, self._commander_cfg.confirm_eval_episodes)
+            return False
+        if not passed:
+            return False
+        self._log("eval reward_mean %.2f >= stop_value %s: the experiment has converged", reward, stop_value)
+        self._final_task = task_id
+        self._end_flag = True
+        return True
+
+    def _log(self, msg: str, *args: Any) -> None:
+        if self._logger is not None:
+            self._logger.info(msg, *args)
 
     def _release_collector_slot(self, task_id: str) -> None:
         if self._eval_in_flight == task_id:
@@ -271,7 +309,10 @@ class SoloCommander(BaseCommander):
         return buffer_id
 
     def notify_fail_collector_task(self, task: dict) -> None:
-        """Release the failed collector task's space; the daemon's next loop issues a replacement."""
+        """Release the failed collector task's space; the daemon's next loop issues a replacement.
+        A failed confirmation eval is dropped: the next passing eval asks for another."""
+        if self._confirm is not None and self._confirm.get("dispatched") == task.get("task_id"):
+            self._confirm = None
         self._release_collector_slot(task.get("task_id", ""))
 
     def notify_fail_learner_task(self, task: dict) -> None:
@@ -309,6 +350,9 @@ class SoloCommander(BaseCommander):
             "end_flag": self._end_flag,
             "seed_counter": self._seed_counter,
             "run_id": self._run_id,
+            "confirm": self._confirm,
+            "best": self._best,
+            "final_task": self._final_task,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -328,6 +372,9 @@ class SoloCommander(BaseCommander):
         self._end_flag = bool(state["end_flag"])
         self._seed_counter = int(state["seed_counter"])
         self._run_id = state["run_id"]
+        self._confirm = state.get("confirm")
+        self._best = dict(state.get("best") or {})
+        self._final_task = state.get("final_task")
 
     # ------------------------------------------------------------------ inspection
     @property
@@ -342,6 +389,16 @@ class SoloCommander(BaseCommander):
     @property
     def end_flag(self) -> bool:
         return self._end_flag
+
+    @property
+    def best_eval(self) -> dict:
+        """The best eval so far: ``task_id``, ``reward_mean``, ``policy_version``, ``envstep`` (empty before one)."""
+        return dict(self._best)
+
+    @property
+    def final_eval_task(self) -> Optional[str]:
+        """The eval task whose weights passed (and were confirmed): what final.pt exports."""
+        return self._final_task
 
     def summary(self) -> dict[str, Any]:
         """Flat scalars for the ``rqrl:{exp}:commander`` hash and ``rqrl status``."""

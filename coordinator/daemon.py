@@ -95,6 +95,7 @@ class Coordinator:
         self._last_liveness = time.monotonic()
         self._grace_until = 0.0
         self.resumed = False
+        self._best_written: Optional[str] = None
 
     # ------------------------------------------------------------------ lifecycle
     def _claim(self) -> None:
@@ -282,7 +283,23 @@ class Coordinator:
         pipe = self._persist(self.conn.pipeline(transaction=True))
         pipe.xack(stream, keys.COORDINATOR_GROUP, *[e for e, _ in entries])
         pipe.execute()
+        self._export_best()
         return converged
+
+    def _export_best(self) -> None:
+        """Keep ``best.pt`` = the best-evaluated weights so far (copied from what that eval played)."""
+        best = getattr(self.commander, "best_eval", {})
+        if not best or best.get("task_id") == self._best_written:
+            return
+        got = blobstore.get_versioned(self.conn, keys.evaluated_policy(self.exp, best["task_id"]))
+        if got is None:
+            return  # the eval task's blob is not there (an older worker version): nothing to copy
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.out / "best.pt.tmp"
+        tmp.write_bytes(got[1])
+        tmp.replace(self.out / "best.pt")  # readers never see half a file
+        self._best_written = best["task_id"]
+        self.log.info("best.pt: policy version %s, eval reward_mean %.2f", best["policy_version"], best["reward_mean"])
 
     def _route(self, ev: dict[str, Any]) -> bool:
         tid, kind, etype = ev["task_id"], ev["task_type"], ev["type"]
@@ -367,7 +384,11 @@ class Coordinator:
         cm = self.commander
         last = cm.last_eval or {}
         self._evals_at_stop = [dict(e) for e in getattr(cm, "evaluations", [])]
+        final_task = getattr(cm, "final_eval_task", None)
+        best = dict(getattr(cm, "best_eval", {}))
         self._at_stop = {"envstep": cm.total_envstep, "train_iter": cm.train_iter,
+                         "final_eval_task": final_task or "", "best_eval_reward_mean": best.get("reward_mean", ""),
+                         "best_policy_version": best.get("policy_version", ""),
                          "last_eval_reward_mean": last.get("reward_mean", ""),
                          "last_eval_train_iter": last.get("train_iter", ""),
                          "last_eval_envstep": last.get("envstep", ""),
@@ -401,7 +422,10 @@ class Coordinator:
             f"  env steps      {summary['envstep']}",
             f"  train iters    {summary['train_iter']}",
             f"  last eval      {_fmt(summary['last_eval_reward_mean'])} (stop_value {self.cfg.env.stop_value})",
-            f"  final policy   {final or 'not saved'}",
+            f"  final policy   {final or 'not saved'}" + (
+                f" (policy version {summary.get('final_policy_version')}"
+                + (", the weights the converging eval played)" if summary.get("final_eval_task") else ")")
+                if final else ""),
             f"  curve          {curve.get('path') or 'no evaluations'}",
         ]
         print("\n".join(lines), flush=True)
@@ -435,19 +459,27 @@ class Coordinator:
     def _export_final(self) -> Optional[Path]:
         """Write ``final.pt`` (common/policy/export.py: the acting weights, algorithm, config and spaces).
 
-        The learner's ``final_model`` checkpoint is copied byte for byte (no torch import here);
-        if the learner never finished, the last published policy version is exported instead.
+        A converged run exports exactly the weights its passing (and confirming) eval played.
+        Otherwise the learner's ``final_model`` checkpoint is copied byte for byte (no torch
+        import here), or, if the learner never finished, the last published policy version.
         """
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "final.pt"
+        final_task = self._at_stop.get("final_eval_task")
+        got = blobstore.get_versioned(self.conn, keys.evaluated_policy(self.exp, final_task)) if final_task else None
+        if got is not None:
+            path.write_bytes(got[1])
+            self._at_stop["final_policy_version"] = int(got[0]["version"])
+            return path
         got = blobstore.get_versioned(self.conn, keys.ckpt(self.exp, "final_model"))
         if got is not None:
             path.write_bytes(got[1])
+            self._at_stop["final_policy_version"] = int(got[0]["version"])
             return path
         policy_id = self._at_stop.get("policy_id", "")
         got = blobstore.get_versioned(self.conn, keys.policy(self.exp, policy_id)) if policy_id else None
         if got is None:
-            self.log.warning("no final checkpoint or published policy to export")
+            self.log.warning("no evaluated policy, final checkpoint or published policy to export")
             return None
         from common import spaces
         from common.policy import export
@@ -456,4 +488,5 @@ class Coordinator:
         bundle = export.from_weights(self.cfg, spaces.probe(self.cfg), weights, int(got[0]["version"]))
         self.log.warning("the learner left no final checkpoint; final.pt holds the last published policy version")
         path.write_bytes(export.to_bytes(bundle))
+        self._at_stop["final_policy_version"] = int(got[0]["version"])
         return path

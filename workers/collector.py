@@ -14,6 +14,7 @@ once and sends no training data. Both report the seed's finish info.
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 from easydict import EasyDict
 
 from common import events, spaces
-from common.policy import algorithm_of, create_policy
+from common.policy import algorithm_of, create_policy, export
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, make_vector_env, step, true_next_obs
 from workers.task import Heartbeat, is_stale, task_connection, validate_task
@@ -147,8 +148,15 @@ class Collector:
         Raises:
             TimeoutError: no policy was published within ``collector.policy_wait_s`` seconds.
         """
-        self._comm.wait_for_policy(float(self._cfg.policy.collect.collector.policy_wait_s))
-        self._refresh_policy()
+        replay_key = self._task.get("eval_policy_key")
+        if replay_key:  # a confirmation eval: exactly the weights an earlier eval played
+            saved = export.load(io.BytesIO(self._comm.load_evaluated(replay_key)))
+            self._policy.set_weights({k: v.numpy() for k, v in saved["weights"].items()})
+            self.policy_version = int(saved["train_iter"])
+            self._comm.policy_envstep = int(saved.get("envstep", 0))
+        else:
+            self._comm.wait_for_policy(float(self._cfg.policy.collect.collector.policy_wait_s))
+            self._refresh_policy()
         start = time.time()
         self.ready_at = time.perf_counter()
         try:
@@ -157,6 +165,10 @@ class Collector:
             self._env.close()
         info = stats.finish_info(steps, time.time() - start, self.policy_version, self._eval)
         info["policy_envstep"] = int(self._comm.policy_envstep)
+        if self._eval:  # what was played is what the coordinator may export
+            bundle = export.bundle(self._policy, self.policy_version)
+            bundle["envstep"] = info["policy_envstep"]
+            self._comm.store_evaluated(export.to_bytes(bundle), self.policy_version)
         delays = self.update_delays[1:]  # the first fetch measures how old the policy was at task start
         if delays:
             info["policy_update_delay_p50_ms"] = round(float(np.percentile(delays, 50)) * 1000, 2)
@@ -218,7 +230,7 @@ class Collector:
 
     def _run_eval(self) -> tuple[int, EpisodeStats]:
         cfg = self._cfg
-        n_episode = int(cfg.env.n_evaluator_episode)
+        n_episode = int(self._task.get("eval_episodes") or cfg.env.n_evaluator_episode)
         # Fixed per-env quotas: counting "the first N episodes to finish" would favour short ones.
         quota = np.full(self._env_num, n_episode // self._env_num)
         quota[: n_episode % self._env_num] += 1

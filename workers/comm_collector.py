@@ -101,6 +101,29 @@ class RedisCommCollector:
                                    f"{timeout_s:.0f} s; is a learner worker running (rq worker learner)?")
             self._pubsub.get_message(timeout=min(0.5, remaining))
 
+    def store_evaluated(self, bundle: bytes, version: int, ttl_s: int = 7200) -> str:
+        """Eval task: keep the final.pt bundle it played (lease-checked), for the coordinator to
+        export as best.pt / final.pt. Returns the key.
+
+        Raises:
+            common.scripts.LeaseRevoked: the task was declared dead.
+        """
+        key = keys.evaluated_policy(self._exp, self._task_id)
+        blobstore.put_versioned(self._conn, key, bundle, version, meta={"format": "torch"}, lease_key=self._lease)
+        self._conn.expire(key, int(ttl_s))
+        return key
+
+    def load_evaluated(self, key: str) -> bytes:
+        """The bundle another eval task stored (a confirmation eval replays exactly those weights).
+
+        Raises:
+            blobstore.BlobError: the key is gone or incomplete (named).
+        """
+        got = blobstore.get_versioned(self._conn, key)
+        if got is None:
+            raise blobstore.BlobError(f"{key}: the policy to confirm is gone (expired or deleted)")
+        return got[1]
+
     def wait_for_policy_update(self, timeout_s: float) -> bool:
         """On-policy data: block until a version other than the one held is published (pub/sub),
         the stop flag is set, or ``timeout_s`` seconds pass.

@@ -10,6 +10,8 @@ import pickle
 import pytest
 from easydict import EasyDict
 
+from common import keys
+
 
 from coordinator.commander import _LEARNER_INFO_HISTORY, SoloCommander, create_commander
 
@@ -43,6 +45,7 @@ def cfg_with(small_cfg, **commander):
 
 
 def make(small_cfg, clock=None, tb=None, **commander):
+    commander.setdefault("confirm_eval_episodes", 0)  # the seed's rule: the first passing eval converges
     cfg = cfg_with(small_cfg, **commander)
     return create_commander(cfg, clock=clock or FakeClock(), tb_logger=tb, run_id="run_x")
 
@@ -349,6 +352,57 @@ def test_convergence_sets_end_flag_and_stops_tasks(small_cfg):
     assert c.summary()["converged"] is True
     assert c.get_collector_task() is None
     assert c.get_learner_task() is None
+
+
+def test_passing_eval_is_confirmed_on_the_same_weights_before_converging(small_cfg):
+    stop = small_cfg.env.stop_value
+    c = make(small_cfg, eval_every_train_iter=1, confirm_eval_episodes=20)
+    c.get_learner_task()
+    c.update_learner_info("l", {"train_iter": 1})
+    ev = c.get_collector_task()
+    assert c.finish_collector_task(ev["task_id"], finished(ev, reward_mean=stop + 5, train_iter=1)) is False
+    assert not c.end_flag and c.best_eval["task_id"] == ev["task_id"]
+    # The next task is the confirmation: the passing eval's stored weights, 20 fresh episodes.
+    conf = c.get_collector_task()
+    assert conf["eval_flag"] and conf["eval_episodes"] == 20
+    assert conf["eval_policy_key"] == keys.evaluated_policy(small_cfg.exp_name, ev["task_id"])
+    assert conf["seed"] != ev["seed"]
+    assert c.finish_collector_task(conf["task_id"], finished(conf, reward_mean=stop, train_iter=1)) is True
+    assert c.end_flag and c.final_eval_task == conf["task_id"]
+
+
+def test_failed_confirmation_goes_on_training(small_cfg):
+    stop = small_cfg.env.stop_value
+    c = make(small_cfg, eval_every_train_iter=1, confirm_eval_episodes=20, collector_task_space=1)
+    c.get_learner_task()
+    c.update_learner_info("l", {"train_iter": 1})
+    ev = c.get_collector_task()
+    c.finish_collector_task(ev["task_id"], finished(ev, reward_mean=stop + 1))
+    conf = c.get_collector_task()
+    assert conf.get("eval_policy_key")
+    assert c.finish_collector_task(conf["task_id"], finished(conf, reward_mean=stop - 50)) is False
+    assert not c.end_flag and c.final_eval_task is None
+    # Back to normal evals of the live policy once due again, and training tasks meanwhile.
+    col = c.get_collector_task()
+    assert not col["eval_flag"] and "eval_policy_key" not in col
+    c.update_learner_info("l", {"train_iter": 3})
+    nxt = c.get_collector_task()
+    assert nxt["eval_flag"] and "eval_policy_key" not in nxt
+    # The best eval stays the first one (its weights are best.pt).
+    assert c.best_eval["task_id"] == ev["task_id"]
+
+
+def test_confirmation_state_survives_a_coordinator_restart(small_cfg):
+    c = make(small_cfg, eval_every_train_iter=1, confirm_eval_episodes=20)
+    c.get_learner_task()
+    c.update_learner_info("l", {"train_iter": 1})
+    ev = c.get_collector_task()
+    c.finish_collector_task(ev["task_id"], finished(ev, reward_mean=small_cfg.env.stop_value + 1))
+    d = make(small_cfg, eval_every_train_iter=1, confirm_eval_episodes=20)
+    d.load_state_dict(json.loads(json.dumps(c.state_dict())))
+    conf = d.get_collector_task()
+    assert conf["eval_policy_key"] == keys.evaluated_policy(small_cfg.exp_name, ev["task_id"])
+    assert d.best_eval == c.best_eval
 
 
 def test_eval_below_stop_value_does_not_converge(small_cfg):

@@ -381,3 +381,34 @@ def test_dqn_zero_weight_row_does_not_move_the_loss_or_the_update(small_cfg):
     assert out_a["total_loss"] * 16 == pytest.approx(out_c["total_loss"] * 15, rel=1e-5)
     # ... and the priority of every other row is unchanged by the poisoned one.
     np.testing.assert_allclose(np.delete(out_a["priority"], 5), out_c["priority"], rtol=1e-6)
+
+
+def test_learner_train_feeds_dqn_td_errors_back_into_the_buffer(fake_redis, small_cfg, tmp_path):
+    """BaseLearner.train -> priority_info -> FeedbackHook -> ReplayFeeder.feedback -> new leaves."""
+    from workers.learner import BaseLearner, FeedbackHook
+
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    cfg.policy.other.replay_buffer.update(priority=True, priority_alpha=1.0, replay_buffer_size=64)
+    policy = make_dqn(cfg, seed=5)
+    lcfg = copy.deepcopy(cfg.policy.learn.learner)
+    lcfg.hook.update(log_show_after_iter=0, save_ckpt_after_iter=0, save_ckpt_after_run=False, load_ckpt_before_run="")
+    learner = BaseLearner(lcfg, policy, exp_name="per_test", log_dir=str(tmp_path / "log"))
+    src = create_source("replay", fake_redis, "per_test", learner, cfg, policy.schema(), seed=0)
+    learner.register_hook(FeedbackHook(src))
+    try:
+        data = dqn_batch(n=40, seed=6)
+        src.store.extend(data)
+        batch = src._take()
+        idx = src.store.last_idx.copy()
+        log_vars = learner.train(batch)
+        assert "priority" not in log_vars  # moved to priority_info, not logged as a scalar
+        prio = learner.priority_info["priority"]
+        assert prio.shape == (len(idx),) and np.all(prio >= 0)  # values checked against |TD| above
+        expected = np.full(64, 0.0)
+        expected[:40] = 1.0 + src.store.eps  # rows never sampled keep the initial max priority
+        for i, v in zip(idx, prio):
+            expected[i] = float(v) + src.store.eps
+        np.testing.assert_allclose(leaf_sum(src.store, range(64)), expected, rtol=1e-6)
+        assert learner.train_iter == 1
+    finally:
+        learner.close()
