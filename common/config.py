@@ -45,6 +45,8 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
     # The infrastructure part of the ``policy`` section; each algorithm adds its own hyperparameters
     # (common/policy/<name>/__init__.py) over these.
     policy=dict(
+        # Learner device: True = CUDA (a learner task fails at start without it), "auto" = CUDA where
+        # it exists, False = CPU. Collectors act on the CPU; exported weights are always on the CPU.
         cuda=False,
         # None: read from the env's spaces (common/spaces.py); a set value must agree with the env.
         model=dict(obs_shape=None, action_shape=None),
@@ -161,6 +163,9 @@ def merge_strict(base: dict, override: dict, path: str = "", open_keys: frozense
             hint = f"; did you mean {'.'.join(filter(None, [path, near[0]]))!r}?" if near else ""
             raise ConfigError(f"unknown config key {dotted!r}{hint}")
         default = out[key]
+        if value in _ALTERNATIVES.get(dotted, ()):
+            out[key] = value
+            continue
         if not _type_ok(default, value):
             raise ConfigError(
                 f"config key {dotted!r}: expected {type(default).__name__}, got {type(value).__name__} ({value!r})"
@@ -176,6 +181,8 @@ def merge_strict(base: dict, override: dict, path: str = "", open_keys: frozense
 
 
 _OPEN_KEYS = frozenset({"env.env_kwargs"})
+# Values a key accepts besides its default's type.
+_ALTERNATIVES: dict[str, tuple[Any, ...]] = {"policy.cuda": ("auto",)}
 
 
 def _merge_defaults(base: dict, extra: dict) -> dict:

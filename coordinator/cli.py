@@ -23,6 +23,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args.config, args.overrides, args.seed)
     # Env spaces against policy.model before anything is launched (fails in one line).
     spaces.check_model(cfg, spaces.probe(cfg))
+    if cfg.policy.cuda is True:  # the learner runs here: no CUDA here means it would fail at start
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("config key 'policy.cuda' is True but this machine has no CUDA device; "
+                              "set policy.cuda=False, or 'auto' to use CUDA where it exists")
     coord_args = [f"--set={o}" for o in args.overrides]
     if args.seed is not None:
         coord_args += ["--seed", str(args.seed)]

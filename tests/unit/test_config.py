@@ -345,3 +345,25 @@ def test_apply_no_overrides_is_identity():
     cfg = compile_config({"exp_name": "same"})
     out = apply_overrides(cfg, [])
     assert out == cfg
+
+
+def test_policy_cuda_accepts_bool_and_auto_only():
+    assert compile_config({"policy": {"cuda": "auto"}}).policy.cuda == "auto"
+    assert compile_config({"policy": {"cuda": True}}).policy.cuda is True
+    with pytest.raises(ConfigError, match="policy.cuda"):
+        compile_config({"policy": {"cuda": "maybe"}})
+
+
+def test_cuda_true_without_cuda_fails_naming_the_key(monkeypatch):
+    import torch
+
+    from common.policy import nets
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="policy.cuda"):
+        nets.pick_device(compile_config({"policy": {"cuda": True}}), None)
+    assert nets.pick_device(compile_config({"policy": {"cuda": "auto"}}), None).type == "cpu"
+    assert nets.pick_device(compile_config({}), None).type == "cpu"
+    from coordinator.cli import main
+
+    assert main(["train", str(REPO / "deploy" / "configs" / "cartpole_dqn.py"), "--set", "policy.cuda=True"]) == 1
