@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from common import keys, streams
-    from common.connection import connect, redact, resolve_url
+    from common.connection import connect, redact, resolve_url, scrub
 
     url = resolve_url(args.redis_url)
     try:
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             sv = summary.get("stop_value")
             stop_value = float(sv) if isinstance(sv, (int, float)) and not isinstance(sv, bool) else None
     except (redis.RedisError, ValueError) as e:
-        print(f"rqrl curve: error: cannot read {keys.events(args.exp)} at {redact(url)}: {e}", file=sys.stderr)
+        print(f"rqrl curve: error: cannot read {keys.events(args.exp)} at {redact(url)}: {scrub(str(e), url)}", file=sys.stderr)
         return 1
     if not points:
         print(f"rqrl curve: error: no finished eval events in {keys.events(args.exp)} at {redact(url)}",

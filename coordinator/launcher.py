@@ -21,7 +21,7 @@ import redis
 
 from common import keys, streams
 from easydict import EasyDict
-from common.connection import connect, connect_checked, redact
+from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
 
 _WORKER_CLASS = "workers.worker.PreloadWorker"
@@ -181,7 +181,7 @@ class Launcher:
             try:
                 reply = conn.xread({stream: last_id}, count=500, block=500)
             except redis.RedisError as e:
-                print(f"\nredis error while following the run: {e}", file=sys.stderr)
+                print(f"\nredis error while following the run: {scrub(str(e), self.url)}", file=sys.stderr)
                 reply = []
             for _, entries in reply or []:
                 for entry_id, raw in entries:
