@@ -25,7 +25,7 @@ from common.policy import create_policy
 from common.policy.dqn import TRANSITION_FIELDS, transition_schema
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, make_vector_env, step, true_next_obs
-from workers.task import Heartbeat, is_stale, task_connection, validate_task
+from workers.task import Heartbeat, TaskError, check_current, task_connection, validate_task
 
 
 class ChunkBuilder:
@@ -232,8 +232,7 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     cfg = validate_task(task, "collector")
     conn = task_connection(task)
     exp, task_id = task["exp_name"], task["task_id"]
-    if is_stale(conn, task):
-        return {"skipped": f"task {task_id} belongs to an earlier run of {exp}"}
+    check_current(conn, task)
     comm = RedisCommCollector(conn, task, cfg.policy.collect.collector.data_ttl)
     try:
         with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
@@ -248,6 +247,8 @@ def run_collector_task(task: dict) -> dict[str, Any]:
             info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
             comm.deal_with_collector_close(info)
         return info
+    except TaskError:
+        raise  # not this task's runner (a duplicate id): report nothing under its id
     except Exception as e:
         events.emit(conn, exp, "failed", task_id, "collector", error=f"{type(e).__name__}: {e}"[:2000],
                     eval_flag=bool(task.get("eval_flag")))

@@ -41,7 +41,7 @@ from common.registry import LEARNER_REGISTRY, import_names
 from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
 from workers.learner_hooks import LearnerHook, build_hooks
 from workers.replay_buffer import ReplayBuffer
-from workers.task import Heartbeat, is_stale, stop_requested, task_connection, validate_task
+from workers.task import Heartbeat, TaskError, check_current, stop_requested, task_connection, validate_task
 
 
 class CheckpointStore:
@@ -405,11 +405,12 @@ def run_learner_task(task: dict) -> dict[str, Any]:
     cfg = validate_task(task, "learner")
     conn = task_connection(task)
     exp, task_id = task["exp_name"], task["task_id"]
-    if is_stale(conn, task):
-        return {"skipped": f"task {task_id} belongs to an earlier run of {exp}"}
+    check_current(conn, task)
     try:
         with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
             return _run_learner(conn, cfg, task)
+    except TaskError:
+        raise  # not this task's runner (a duplicate id): report nothing under its id
     except Exception as e:
         events.emit(conn, exp, "failed", task_id, "learner", error=f"{type(e).__name__}: {e}"[:2000],
                     buffer_id=task["buffer_id"])
