@@ -40,6 +40,7 @@ from rq import Queue
 from rq.job import Callback, Job, JobStatus
 
 from common import blobstore, events, keys, serialization, streams
+from common.finite import NonFiniteError, check_arrays
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from workers.task import grant_lease
@@ -89,6 +90,7 @@ class Coordinator:
         self._last_liveness = time.monotonic()
         self._grace_until = 0.0
         self.resumed = False
+        self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
 
     # ------------------------------------------------------------------ lifecycle
     def _claim(self) -> None:
@@ -197,6 +199,8 @@ class Coordinator:
                 return EXIT_INTERRUPTED, f"interrupted by {signal.Signals(self._signal).name}"
             self._dispatch()
             converged = self._process_events(block_ms=500)
+            if self._fatal:
+                return EXIT_ERROR, self._fatal
             self._dispatch()  # refill freed slots before the periodic checks below
             now = time.time()
             if now >= self._next_liveness:
@@ -299,6 +303,8 @@ class Coordinator:
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
             self._fail(tid, ev.get("error", "unknown error"))
+            if ev.get("fatal") is True:  # a replacement would fail the same way (e.g. NaN weights)
+                self._fatal = f"{kind} task {tid} failed: {ev.get('error', 'unknown error')}"
         return False
 
     def _fail(self, tid: str, reason: str) -> None:
@@ -449,6 +455,11 @@ class Coordinator:
                 return None
             arrays = serialization.loads(got[1], what=keys.policy(self.exp, policy_id))
             state = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        try:
+            check_arrays(state, "final.pt")
+        except NonFiniteError as e:
+            self.log.error("not exporting: %s", e)
+            return None
         self.log.warning("the learner left no final checkpoint; final.pt comes from the latest weights")
         torch.save(state, path)
         return path

@@ -286,6 +286,7 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
     import numpy as np
 
     from common.config import compile_config
+    from common.finite import NonFiniteError, check_arrays
     from common.policy import create_policy
 
     if cfg is None:
@@ -301,6 +302,10 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
 
     where = str(path)
     state, kind = load_q_state(path)
+    try:
+        check_arrays(state, f"{where} ({kind})")
+    except NonFiniteError as e:
+        raise EvalError(f"{e}: refusing to evaluate non-finite weights") from None
     cfg = copy.deepcopy(cfg)
     notes: list[str] = []
     ptype = (cfg.get("create") or {}).get("policy", {}).get("type", "dqn")

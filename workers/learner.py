@@ -34,6 +34,7 @@ import torch
 from easydict import EasyDict
 
 from common import events, keys
+from common.finite import check_train_step
 from common.logs import build_logger, build_tb_writer
 from common.policy import Policy, create_policy
 from common.policy.dqn import transition_schema
@@ -128,6 +129,7 @@ class BaseLearner:
         priority = log_vars.pop("priority", None)
         if priority is not None:
             self._priority_info = {"priority": priority}
+        check_train_step(self._policy, log_vars, self._last_iter + 1)
         self._log_buffer["scalar"]["train_time"].append(time.perf_counter() - t0)
         for k, v in log_vars.items():
             self._log_buffer["scalar"][k].append(float(v))
@@ -413,7 +415,7 @@ def run_learner_task(task: dict) -> dict[str, Any]:
         raise  # not this task's runner (a duplicate id): report nothing under its id
     except Exception as e:
         events.emit(conn, exp, "failed", task_id, "learner", error=f"{type(e).__name__}: {e}"[:2000],
-                    buffer_id=task["buffer_id"])
+                    buffer_id=task["buffer_id"], fatal=bool(getattr(e, "fatal", False)))
         raise
 
 
