@@ -245,6 +245,7 @@ def run_collector_task(task: dict) -> dict[str, Any]:
             # Task start-up: config, env build, policy wait and first fetch (seconds).
             info["setup_s"] = round(collector.ready_at - t_entry, 4)
             info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
+            info["policy_errors"] = comm.policy_errors
             comm.deal_with_collector_close(info)
         return info
     except TaskError:
