@@ -23,6 +23,7 @@ from easydict import EasyDict
 from common import events
 from common.policy import create_policy
 from common.policy.dqn import TRANSITION_FIELDS, transition_schema
+from common.seeding import env_seeds
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, make_vector_env, step, true_next_obs
 from workers.task import Heartbeat, TaskError, check_current, task_connection, validate_task
@@ -150,7 +151,7 @@ class Collector:
         adder = self._policy.make_adder(self._env_num)
         chunk = ChunkBuilder(int(cfg.policy.collect.n_sample), int(cfg.policy.model.obs_shape))
         stats = EpisodeStats(self._env_num)
-        obs, _ = self._env.reset(seed=int(self._task.get("seed", 0)))
+        obs, _ = self._env.reset(seed=env_seeds(int(self._task.get("seed", 0)), self._env_num))
         steps = steps_at_last_send = 0
         base_envstep = int(self._task.get("envstep", 0))
 
@@ -198,7 +199,7 @@ class Collector:
         quota[: n_episode % self._env_num] += 1
         done_count = np.zeros(self._env_num, np.int64)
         stats = EpisodeStats(self._env_num)
-        obs, _ = self._env.reset(seed=int(self._task.get("seed", 0)))
+        obs, _ = self._env.reset(seed=env_seeds(int(self._task.get("seed", 0)), self._env_num))
         steps = 0
         deadline = time.time() + float(cfg.policy.eval.evaluator.max_episode_seconds) * max(1, quota.max())
         while (done_count < quota).any():
