@@ -34,10 +34,15 @@ def _retry() -> Retry:
 
 def with_retries(conn: redis.Redis) -> redis.Redis:
     """A new client on the same server, database, credentials and TLS settings as ``conn``, with
-    rqrl's retry-with-backoff (RQ hands job functions a client that has none)."""
+    rqrl's retry-with-backoff (RQ hands job functions a client that has none).
+
+    Workers also wait out an ``OOM`` reply (a full ``noeviction`` Redis refuses the write before
+    running it, so a retry cannot double it) for the same ~10 s: time for the coordinator to stop
+    the run and free its step data, so tasks end at the stop flag and RQ can record their end.
+    """
     pool = conn.connection_pool
     kwargs = dict(pool.connection_kwargs)
-    kwargs.update(retry=_retry(), retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    kwargs.update(retry=_retry(), retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError])
     kwargs.setdefault("health_check_interval", 30)
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
 

@@ -64,6 +64,11 @@ def data(exp: str, data_id: str) -> str:
     return f"{exp_prefix(exp)}:data:{_check('data_id', data_id)}"
 
 
+def data_pattern(exp: str) -> str:
+    """SCAN pattern matching every step-data blob of one experiment."""
+    return f"{exp_prefix(exp)}:data:*"
+
+
 def policy(exp: str, policy_id: str) -> str:
     """Versioned policy weights (hash)."""
     return f"{exp_prefix(exp)}:policy:{_check('policy_id', policy_id)}"

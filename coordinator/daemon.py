@@ -41,6 +41,7 @@ from rq.job import Callback, Job, JobStatus
 
 from common import blobstore, events, keys, serialization, streams
 from common.finite import NonFiniteError, check_arrays
+from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from workers.task import grant_lease
@@ -91,6 +92,7 @@ class Coordinator:
         self._grace_until = 0.0
         self.resumed = False
         self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
+        self._oom = False  # Redis answered OOM: the wrap-up is best effort
 
     # ------------------------------------------------------------------ lifecycle
     def _claim(self) -> None:
@@ -176,11 +178,14 @@ class Coordinator:
         """Run the experiment to its end; returns the process exit code (see module docstring)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self._claim()
-            if not self.resumed:
-                self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id,
-                              self.cfg.env.stop_value)
-            code, reason = self._loop()
+            try:
+                self._claim()
+                if not self.resumed:
+                    self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id,
+                                  self.cfg.env.stop_value)
+                code, reason = self._loop()
+            except redis.OutOfMemoryError:
+                code, reason = EXIT_ERROR, self._out_of_memory()
             self._finish(code, reason)
             return code
         finally:
@@ -353,10 +358,40 @@ class Coordinator:
                     self._persist(self.conn.pipeline(transaction=True)).execute()
 
     # ------------------------------------------------------------------ ending
+    def _out_of_memory(self) -> str:
+        """Redis refused a write (OOM, noeviction): the run stops. Step data is dropped first (the
+        stopping learner will not read it), so the stop flag, the learner's final checkpoint and
+        RQ's own bookkeeping find room again."""
+        reason = oom_reason(self.conn)
+        self.log.error("%s: stopping the run; dropping its step data to make room", reason)
+        self._oom = True
+        batch: list[bytes] = []
+        for k in self.conn.scan_iter(match=keys.data_pattern(self.exp), count=1000):
+            batch.append(k)
+            if len(batch) >= 1000:
+                self.conn.delete(*batch)
+                batch.clear()
+        if batch:
+            self.conn.delete(*batch)
+        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason):
+            # Still full: the buffer's metadata stream goes too (the learner then ends on its error).
+            self.conn.delete(keys.buffer_meta(self.exp, self.commander.summary()["buffer_id"] or "none"))
+        return reason
+
+    def _best_effort(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> bool:
+        """Run a Redis write of the wrap-up; an OOM reply is logged, not raised (the run is ending)."""
+        try:
+            fn(*args, **kwargs)
+            return True
+        except redis.OutOfMemoryError as e:
+            self.log.error("could not %s: %s", what, e)
+            return False
+
     def _write_summary(self, **extra: Any) -> dict[str, Any]:
         summary = dict(self.commander.summary(), run_id=self.run_id, coordinator=self.name,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
-        self.conn.hset(keys.commander(self.exp), mapping=streams.encode_fields(summary))
+        self._best_effort("write the summary to Redis", self.conn.hset, keys.commander(self.exp),
+                          mapping=streams.encode_fields(summary))
         return summary
 
     def _finish(self, code: int, reason: str) -> None:
@@ -370,21 +405,25 @@ class Coordinator:
                          "last_eval_train_iter": last.get("train_iter", ""),
                          "last_eval_envstep": last.get("envstep", ""),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
-        self.conn.set(keys.stop(self.exp), reason)
-        self._cancel_queued()
+        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and self.running:
+            # DEL needs no memory: without their leases the tasks stop at their next write.
+            self.conn.delete(*[keys.lease(self.exp, t) for t in self.running])
+        self._best_effort("cancel queued tasks", self._cancel_queued)
         # Importing matplotlib and drawing take a second or two: overlap them with the wait below.
         curve: dict[str, Optional[Path]] = {}
         plotter = threading.Thread(target=lambda: curve.update(path=self._plot_curve()), daemon=True)
         plotter.start()
         timeout = float(self.cfg.commander.finish_timeout)
-        if code == EXIT_INTERRUPTED:
+        if code == EXIT_INTERRUPTED or self._oom:
             timeout = min(timeout, 10.0)
         deadline = time.time() + timeout
         while any(e["kind"] == "learner" for e in self.running.values()) and time.time() < deadline:
-            self._process_events(block_ms=250)
-            if time.time() >= self._next_liveness:
+            if not self._best_effort("read events", self._process_events, block_ms=250):
+                time.sleep(0.25)  # Redis refuses writes: nothing to block on until it has room
+            # A full Redis refuses heartbeats too: missing ones then say nothing about the workers.
+            if time.time() >= self._next_liveness and not self._oom:
                 self._next_liveness = time.time() + 1.0
-                self._check_liveness()
+                self._best_effort("check task liveness", self._check_liveness)
         final = self._export_final()
         learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
         summary = self._write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",

@@ -23,6 +23,7 @@ from common import keys, streams
 from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
+from common.redis_memory import check_memory_settings
 
 _WORKER_CLASS = "workers.worker.PreloadWorker"
 
@@ -141,6 +142,8 @@ class Launcher:
         env = dict(os.environ, RQRL_REDIS_URL=url, RQ_REDIS_URL=url, PYTHONUNBUFFERED="1")
         env.setdefault("RQRL_TORCH_THREADS", "1")
         conn = connect_checked(url)
+        for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
+            print(f"warning: {warning}", file=sys.stderr)
         config_path = str(Path(self.config_path).resolve())
         self._spawn("coordinator", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
                                     *self.coordinator_args], env)
