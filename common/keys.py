@@ -3,7 +3,8 @@
 Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
 
     rq:queue:collector, rq:queue:learner     RQ queues (names below; RQ builds the keys)
-    rqrl:{exp}:events                        stream: worker events -> coordinator
+    rqrl:{exp}:events                        stream: worker events -> coordinator (trimmed by the coordinator, only what it read)
+    rqrl:{exp}:evals                         list: one JSON eval result per eval task of the run (never capped)
     rqrl:{exp}:buffer:{buffer_id}:meta       stream: one entry per step-data chunk
     rqrl:{exp}:data:{data_id}                string (msgpack), with a TTL
     rqrl:{exp}:policy:{policy_id}            hash: version, train_iter, n_chunks, chunk:<i>
@@ -52,6 +53,11 @@ def experiments() -> str:
 def events(exp: str) -> str:
     """Stream of worker events (started / progress / finished / failed / learner_info)."""
     return f"{exp_prefix(exp)}:events"
+
+
+def evals(exp: str) -> str:
+    """List of the run's eval results (JSON), kept whole: the events stream is trimmed."""
+    return f"{exp_prefix(exp)}:evals"
 
 
 def buffer_meta(exp: str, buffer_id: str) -> str:

@@ -51,6 +51,15 @@ EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 _JOB_FUNC = {"collector": "workers.collector.run_collector_task", "learner": "workers.learner.run_learner_task"}
 _QUEUE = {"collector": keys.COLLECTOR_QUEUE, "learner": keys.LEARNER_QUEUE}
 _ALIVE_TTL_MS = 6_000
+# Events the coordinator has read stay this long on the stream (rqrl status, the launcher's
+# progress line); unread ones are never trimmed. Eval results are kept whole in rqrl:{exp}:evals.
+_EVENTS_RETENTION_S = 600.0
+_TRIM_EVERY_S = 5.0
+
+
+def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
+    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
+    return int(ms), int(seq or 0)
 
 
 class CoordinatorError(RuntimeError):
@@ -93,6 +102,10 @@ class Coordinator:
         self.resumed = False
         self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
         self._oom = False  # Redis answered OOM: the wrap-up is best effort
+        self._last_event_id = ""  # the newest event read and acked: trimming never passes it
+        self._next_trim = 0.0
+        self._new_evals: list[dict[str, Any]] = []  # eval results to store with the next _persist
+        self.events_lost = ""  # how unread events were found trimmed, if they were
 
     # ------------------------------------------------------------------ lifecycle
     def _claim(self) -> None:
@@ -117,6 +130,7 @@ class Coordinator:
             self.log.info("cleared %d keys left by an earlier run of %s", len(stale), self.exp)
         self.conn.set(keys.run(self.exp), self.run_id)
         self.conn.sadd(keys.experiments(), self.exp)
+        (self.out / "evals.jsonl").unlink(missing_ok=True)  # an earlier run's, as summary.json
         streams.ensure_group(self.conn, keys.events(self.exp), keys.COORDINATOR_GROUP, start_id="0")
         self._persist(self.conn.pipeline(transaction=True)).execute()
 
@@ -126,6 +140,7 @@ class Coordinator:
         self.run_id = state["run_id"]
         self._t0 = float(state["t0"])
         self._failures_in_a_row = int(state.get("failures_in_a_row", 0))
+        self._last_event_id = str(state.get("last_event_id", ""))
         self.running = {k.decode(): json.loads(v) for k, v in self.conn.hgetall(keys.tasks(self.exp)).items()}
         self.resumed = True
         self.log.info("resuming run %s of %s: %d running tasks adopted, %d env steps, train iter %d",
@@ -142,13 +157,18 @@ class Coordinator:
                 self._handle_entries(stream, claimed)
             if start in (b"0-0", "0-0"):
                 break
+        self._check_events_trimmed()
 
     def _persist(self, pipe: redis.client.Pipeline) -> redis.client.Pipeline:
         """Queue the commander state and the running tasks changed since the last call on ``pipe``
         (a MULTI pipeline); only changed task records are rewritten."""
         state = {"commander": self.commander.state_dict(), "run_id": self.run_id, "t0": self._t0,
-                 "failures_in_a_row": self._failures_in_a_row}
+                 "failures_in_a_row": self._failures_in_a_row, "last_event_id": self._last_event_id}
         pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
+        if self._new_evals:
+            pipe.rpush(keys.evals(self.exp), *[json.dumps(e) for e in self._new_evals])
+            self._write_evals_file(self._new_evals)
+            self._new_evals = []
         changed = {t: json.dumps(self.running[t]) for t in self._dirty if t in self.running}
         gone = [t for t in self._dirty if t not in self.running]
         if changed:
@@ -215,6 +235,9 @@ class Coordinator:
             if now >= self._next_summary:
                 self._next_summary = now + 1.0
                 self._write_summary()
+            if now >= self._next_trim:
+                self._next_trim = now + _TRIM_EVERY_S
+                self._trim_events()
             if converged:
                 last = self.commander.last_eval or {}
                 return EXIT_CONVERGED, (f"converged: eval reward_mean {last.get('reward_mean', 0):.2f} "
@@ -281,6 +304,7 @@ class Coordinator:
             except (streams.MalformedEntry, KeyError, ValueError, TypeError) as e:
                 self.log.error("dropping bad event %s: %s", entry_id.decode(), e)
         # The state the events produced and their acks land together (exactly-once routing).
+        self._last_event_id = max((e for e, _ in entries), key=_id_tuple).decode()
         pipe = self._persist(self.conn.pipeline(transaction=True))
         pipe.xack(stream, keys.COORDINATOR_GROUP, *[e for e, _ in entries])
         pipe.execute()
@@ -302,7 +326,14 @@ class Coordinator:
             self._drop_leases.append(keys.lease(self.exp, tid))
             self._failures_in_a_row = 0
             if kind == "collector":
-                return self.commander.finish_collector_task(tid, ev)
+                converged = self.commander.finish_collector_task(tid, ev)
+                if ev.get("eval_flag") is True:
+                    self._new_evals.append({
+                        "task_id": tid, "run_id": self.run_id, "envstep": self.commander.total_envstep,
+                        "train_iter": ev.get("train_iter", 0), "reward_mean": ev["reward_mean"],
+                        "reward_std": ev.get("reward_std", 0.0), "episodes": ev.get("real_episode_count", 0),
+                        "time": ev.get("ts", time.time())})
+                return converged
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
                                                      "expired", "corrupt", "malformed") if k in ev}
             self.commander.finish_learner_task(tid, ev)
@@ -325,6 +356,37 @@ class Coordinator:
             self.commander.notify_fail_collector_task(entry["task"])
         else:
             self.commander.notify_fail_learner_task(entry["task"])
+
+    def _write_evals_file(self, evals: list[dict[str, Any]]) -> None:
+        """Append eval results to ``./{exp}/evals.jsonl`` (one JSON object per line)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "evals.jsonl", "a") as f:
+            f.writelines(json.dumps(e) + "\n" for e in evals)
+
+    def _trim_events(self) -> None:
+        """Trim the events stream to what was read and is older than the retention window."""
+        self._check_events_trimmed()
+        if not self._last_event_id:
+            return
+        cutoff = min(_id_tuple(self._last_event_id), (int((time.time() - _EVENTS_RETENTION_S) * 1000), 0))
+        self.conn.xtrim(keys.events(self.exp), minid=f"{cutoff[0]}-{cutoff[1]}", approximate=True)
+
+    def _check_events_trimmed(self) -> None:
+        """Report (once) a stream trimmed past the last event this coordinator read.
+
+        rqrl's own trimming keeps that entry (MINID never passes it), so its absence means a
+        MAXLEN or XTRIM from elsewhere removed it, and with it possibly events not yet read.
+        """
+        if self.events_lost or not self._last_event_id:
+            return
+        last = self._last_event_id
+        if self.conn.xrange(keys.events(self.exp), min=last, max=last):
+            return
+        first = self.conn.xrange(keys.events(self.exp), count=1)
+        first_id = first[0][0].decode() if first else "none"
+        self.events_lost = (f"{keys.events(self.exp)} was trimmed past the last event read ({last}; first entry "
+                            f"now {first_id}): unread task results may have been lost")
+        self.log.error("%s", self.events_lost)
 
     def _check_liveness(self) -> None:
         """Fail started tasks whose heartbeat expired, and queued ones whose RQ job died.
@@ -426,6 +488,8 @@ class Coordinator:
                 self._best_effort("check task liveness", self._check_liveness)
         final = self._export_final()
         learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
+        if self.events_lost:
+            learner["events_lost"] = self.events_lost
         summary = self._write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",
                                       **self._at_stop, **learner)
         self.out.mkdir(parents=True, exist_ok=True)
