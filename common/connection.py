@@ -9,7 +9,8 @@ Accepted URLs are redis-py's: ``redis://[[user]:password@]host[:port][/db]``, ``
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit, urlunsplit
+import re
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -33,10 +34,15 @@ def _retry() -> Retry:
 
 def with_retries(conn: redis.Redis) -> redis.Redis:
     """A new client on the same server, database, credentials and TLS settings as ``conn``, with
-    rqrl's retry-with-backoff (RQ hands job functions a client that has none)."""
+    rqrl's retry-with-backoff (RQ hands job functions a client that has none).
+
+    Workers also wait out an ``OOM`` reply (a full ``noeviction`` Redis refuses the write before
+    running it, so a retry cannot double it) for the same ~10 s: time for the coordinator to stop
+    the run and free its step data, so tasks end at the stop flag and RQ can record their end.
+    """
     pool = conn.connection_pool
     kwargs = dict(pool.connection_kwargs)
-    kwargs.update(retry=_retry(), retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    kwargs.update(retry=_retry(), retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError])
     kwargs.setdefault("health_check_interval", 30)
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
 
@@ -50,21 +56,25 @@ def connect(url: str | None = None, *, socket_timeout: float | None = 60.0) -> r
             blocking reads pass their own shorter ``BLOCK`` timeouts.
 
     Raises:
-        ValueError: the URL scheme is not redis://, rediss:// or unix://.
+        ValueError: the URL scheme is not redis://, rediss:// or unix://, or redis-py cannot
+            parse it (the message has the URL redacted).
     """
     url = resolve_url(url)
     scheme = urlsplit(url).scheme
     if scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"redis url {redact(url)!r}: scheme must be redis://, rediss:// or unix://")
-    return redis.Redis.from_url(
-        url,
-        decode_responses=False,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=10.0,
-        health_check_interval=30,
-        retry=_retry(),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-    )
+    try:
+        return redis.Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=10.0,
+            health_check_interval=30,
+            retry=_retry(),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        )
+    except ValueError as e:  # redis-py's parse errors quote pieces of the URL
+        raise ValueError(f"bad redis url {redact(url)}: {scrub(str(e), url)}") from None
 
 
 class RedisUnavailable(RuntimeError):
@@ -86,29 +96,86 @@ def connect_checked(url: str | None = None, *, socket_timeout: float | None = 60
         finally:
             probe.close()
     except (redis.AuthenticationError, redis.ResponseError) as e:
-        raise RedisUnavailable(f"Redis at {redact(url)} refused us: {e}") from None
+        raise RedisUnavailable(f"Redis at {redact(url)} refused us: {scrub(str(e), url)}") from None
     except ValueError as e:
-        raise RedisUnavailable(f"bad redis url {redact(url)}: {e}") from None
+        raise RedisUnavailable(f"bad redis url {redact(url)}: {scrub(str(e), url)}") from None
     except redis.RedisError:
         pass  # unreachable just now: the retrying client below tries again
     try:
         conn = connect(url, socket_timeout=socket_timeout)
         conn.ping()
     except (redis.RedisError, ValueError) as e:
-        raise RedisUnavailable(f"cannot reach Redis at {redact(url)}: {e}") from None
+        raise RedisUnavailable(scrub(str(e), url) if isinstance(e, ValueError)
+                               else f"cannot reach Redis at {redact(url)}: {scrub(str(e), url)}") from None
     return conn
 
 
+# Query arguments whose value is a secret (redis-py reads ``?password=``; ``ssl_password`` etc.).
+_SECRET_ARG = re.compile(r"pass|pwd|secret|token|auth|cred", re.IGNORECASE)
+# The next query argument: ``&name=``. A secret's value runs up to it, so an unencoded ``&`` or
+# ``#`` inside a password is hidden with the rest of it rather than cut off at the first one.
+_NEXT_ARG = re.compile(r"&[A-Za-z_][A-Za-z0-9_.-]*=")
+
+
+def _split_secrets(url: str) -> tuple[str, list[tuple[int, int]]]:
+    """The ``(start, end)`` spans of ``url`` that hold secrets, in order; ``url`` returned as is.
+
+    Userinfo is everything before the *last* ``@`` (a password may hold unencoded ``@``, ``/``,
+    ``?`` or ``#``); a user name is kept only in ``user:password`` form, since redis-py's
+    ``redis://secret@host`` could be a bare password.
+    """
+    spans: list[tuple[int, int]] = []
+    start = url.find("://")
+    start = 0 if start < 0 else start + 3
+    at = url.rfind("@", start)
+    if at >= 0:
+        colon = url.find(":", start, at)
+        spans.append((colon + 1 if colon >= 0 else start, at))
+        rest = at + 1
+    else:
+        rest = start
+    q = url.find("?", rest)
+    if q >= 0:
+        pos = q + 1
+        while pos < len(url):
+            nxt = _NEXT_ARG.search(url, pos)
+            end = nxt.start() if nxt else len(url)
+            name, eq, _ = url[pos:end].partition("=")
+            if eq and _SECRET_ARG.search(name):
+                spans.append((pos + len(name) + 1, end))
+            pos = end + 1
+    return url, [(a, b) for a, b in spans if b > a]
+
+
 def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``, safe to log or print."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    """``url`` with every credential replaced by ``***``, safe to print, log or store.
+
+    Hidden: the password of ``user:password@`` (or a whole ``secret@`` userinfo) and the values
+    of query arguments that name a secret (``?password=``, ``ssl_password=``, ``token=``...),
+    whether or not their characters were URL-encoded. Never raises, whatever the text.
+    """
+    url, spans = _split_secrets(url)
+    out, last = [], 0
+    for a, b in spans:
+        out += [url[last:a], "***"]
+        last = b
+    out.append(url[last:])
+    return "".join(out)
+
+
+def scrub(text: str, url: str | None) -> str:
+    """``text`` (an error message) with ``url``'s credentials replaced by ``***``: the URL itself,
+    and each secret as written and URL-decoded (redis-py errors quote pieces of the URL)."""
+    if not url:
+        return text
+    text = text.replace(url, redact(url))
+    raw, spans = _split_secrets(url)
+    secrets = {raw[a:b] for a, b in spans} | {unquote(raw[a:b]) for a, b in spans}
+    # A parser that split an unencoded password at a delimiter quotes a piece of it ("port 'pa'").
+    secrets |= {piece for s in list(secrets) for piece in re.split(r"[/?#@:&=]", s) if len(piece) >= 2}
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def url_of(conn: redis.Redis) -> str:

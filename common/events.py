@@ -32,7 +32,9 @@ def emit(conn: redis.Redis, exp: str, type_: str, task_id: str, task_type: str, 
         raise ValueError(f"task_type {task_type!r} is not one of {TASK_TYPES}")
     body = {"type": type_, "task_id": task_id, "task_type": task_type, "ts": round(time.time(), 3)}
     body.update(fields)
-    return streams.add(conn, keys.events(exp), body)
+    # No MAXLEN here: a cap would drop events the coordinator has not read yet (it may be down
+    # for a while). The coordinator trims what it has read (see coordinator/daemon.py).
+    return streams.add(conn, keys.events(exp), body, maxlen=None)
 
 
 def parse(stream: str, entry_id: bytes, raw: dict[bytes, bytes]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
 
     rq:queue:collector, rq:queue:learner     RQ queues (names below; RQ builds the keys)
-    rqrl:{exp}:events                        stream: worker events -> coordinator
+    rqrl:{exp}:events                        stream: worker events -> coordinator (trimmed by the coordinator, only what it read)
+    rqrl:{exp}:evals                         list: one JSON eval result per eval task of the run (never capped)
     rqrl:{exp}:buffer:{buffer_id}:meta       stream: one entry per step-data chunk
     rqrl:{exp}:data:{data_id}                string (msgpack), with a TTL
     rqrl:{exp}:policy:{policy_id}            hash: version, train_iter, n_chunks, chunk:<i>
@@ -55,6 +56,11 @@ def events(exp: str) -> str:
     return f"{exp_prefix(exp)}:events"
 
 
+def evals(exp: str) -> str:
+    """List of the run's eval results (JSON), kept whole: the events stream is trimmed."""
+    return f"{exp_prefix(exp)}:evals"
+
+
 def buffer_meta(exp: str, buffer_id: str) -> str:
     """Stream of step-data metadata for the replay buffer ``buffer_id``."""
     return f"{exp_prefix(exp)}:buffer:{_check('buffer_id', buffer_id)}:meta"
@@ -63,6 +69,11 @@ def buffer_meta(exp: str, buffer_id: str) -> str:
 def data(exp: str, data_id: str) -> str:
     """One msgpack blob of stacked transitions."""
     return f"{exp_prefix(exp)}:data:{_check('data_id', data_id)}"
+
+
+def data_pattern(exp: str) -> str:
+    """SCAN pattern matching every step-data blob of one experiment."""
+    return f"{exp_prefix(exp)}:data:*"
 
 
 def policy(exp: str, policy_id: str) -> str:

@@ -14,7 +14,9 @@ import redis
 
 # KEYS: lease, data, meta stream, envstep counter, buffer stats, policy hash, stop
 # ARGV: payload, ttl_s, maxlen, env_steps, field1, value1, ...
-# -> {1, counter, policy version|nil, envstep_limit|nil, stop} or {0} when the lease is gone
+# -> {1, counter, policy version|nil, envstep_limit|nil, stop, policy error|''} or {0} when the lease is gone.
+#    The policy is read with pcall: a key of the wrong type there must not fail the chunk (whose
+#    writes a script error would leave half done); the error comes back for the caller to report.
 _SEND_CHUNK = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
@@ -24,8 +26,9 @@ redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(fields))
 local counter = redis.call('INCRBY', KEYS[4], ARGV[4])
 redis.call('HINCRBY', KEYS[5], 'produced', 1)
 redis.call('HINCRBY', KEYS[5], 'produced_env_steps', ARGV[4])
-local pol = redis.call('HMGET', KEYS[6], 'version', 'envstep_limit')
-return {1, counter, pol[1], pol[2], redis.call('EXISTS', KEYS[7])}
+local pol = redis.pcall('HMGET', KEYS[6], 'version', 'envstep_limit')
+if pol.err then return {1, counter, false, false, redis.call('EXISTS', KEYS[7]), pol.err} end
+return {1, counter, pol[1], pol[2], redis.call('EXISTS', KEYS[7]), ''}
 """
 
 # KEYS: lease, meta stream, buffer stats
@@ -72,13 +75,20 @@ def _script(conn: redis.Redis, name: str, body: str) -> Any:
 
 def send_chunk(conn: redis.Redis, keys_: Sequence[str], payload: bytes, ttl_s: int, maxlen: int, env_steps: int,
                fields: dict[str, str]) -> list:
-    """Run the chunk script (see ``_SEND_CHUNK``); raises :class:`LeaseRevoked` (naming the lease key)."""
+    """Run the chunk script (see ``_SEND_CHUNK``); raises :class:`LeaseRevoked` (naming the lease key).
+
+    Returns:
+        ``[1, counter, version|None, envstep_limit|None, stop, policy_error]``; ``policy_error``
+        names the policy key (``keys_[5]``) when it could not be read, else ``""``.
+    """
     flat: list[Any] = [payload, int(ttl_s), int(maxlen), int(env_steps)]
     for k, v in fields.items():
         flat += [k, v]
     reply = _script(conn, "send_chunk", _SEND_CHUNK)(keys=list(keys_), args=flat)
     if reply[0] == 0:
         raise LeaseRevoked(f"lease {keys_[0]} was revoked; this task was replaced")
+    err = reply[5].decode(errors="replace") if isinstance(reply[5], bytes) else str(reply[5] or "")
+    reply[5] = f"{keys_[5]}: {err}" if err else ""
     return reply
 
 

@@ -82,8 +82,8 @@ def require(entry: dict[str, Any], spec: dict[str, type | tuple[type, ...]], whe
             raise MalformedEntry(f"{where}: field {name!r} = {value!r} is not {'/'.join(t.__name__ for t in types)}")
 
 
-def add(conn: redis.Redis, stream: str, fields: dict[str, Any], maxlen: int = DEFAULT_MAXLEN) -> bytes:
-    """XADD ``fields`` (encoded) with approximate MAXLEN; returns the entry id."""
+def add(conn: redis.Redis, stream: str, fields: dict[str, Any], maxlen: int | None = DEFAULT_MAXLEN) -> bytes:
+    """XADD ``fields`` (encoded) with approximate MAXLEN (``None``: no cap); returns the entry id."""
     return conn.xadd(stream, encode_fields(fields), maxlen=maxlen, approximate=True)
 
 

@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set policy.learn.batch_size=128 (repeatable)")
     ap.add_argument("--out-dir", default=".", help="where {exp_name}/ is written (default: current directory)")
+    ap.add_argument("--allow-eviction", action="store_true",
+                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     ap.add_argument("--fresh", action="store_true",
                     help="start a new run even if an unfinished run of this experiment is in Redis (default: resume it)")
     args = ap.parse_args(argv)
@@ -37,6 +39,14 @@ def main(argv: list[str] | None = None) -> int:
         conn = connect_checked(args.redis_url)
     except RedisUnavailable as e:
         print(e, file=sys.stderr)
+        return 1
+    from common.redis_memory import RedisNotSuitable, check_memory_settings
+
+    try:
+        for warning in check_memory_settings(conn, cfg, args.allow_eviction, int(cfg.commander.collector_task_space)):
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+    except RedisNotSuitable as e:
+        print(f"coordinator: {e}", file=sys.stderr)
         return 1
     try:
         return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh).run()

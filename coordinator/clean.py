@@ -265,7 +265,7 @@ def clean(conn: Any, exp: str, yes: bool = False, force: bool = False, out: Any 
 def run(args: argparse.Namespace) -> int:
     import redis
 
-    from common.connection import RedisUnavailable, connect_checked, redact, resolve_url
+    from common.connection import RedisUnavailable, connect_checked, redact, resolve_url, scrub
 
     url = resolve_url(args.redis_url)
     try:
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return clean(conn, args.exp, yes=args.yes, force=args.force)
     except redis.RedisError as e:
-        print(f"rqrl clean: error: Redis at {redact(url)}: {e}", file=sys.stderr)
+        print(f"rqrl clean: error: Redis at {redact(url)}: {scrub(str(e), url)}", file=sys.stderr)
         return 1
 
 

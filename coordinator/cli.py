@@ -9,6 +9,7 @@ import sys
 from common import spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable
+from common.redis_memory import RedisNotSuitable
 
 
 def _load(path: str, overrides: list[str], seed: int | None):
@@ -35,6 +36,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.collectors < 1:
         raise ConfigError("--collectors must be >= 1")
     coord_args.append(f"--set=commander.collector_task_space={args.collectors}")
+    if args.allow_eviction:
+        coord_args.append("--allow-eviction")
     return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args).run()
 
 
@@ -82,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
     t.add_argument("--collectors", type=int, default=2, help="collector tasks at once (default 2); one more collector worker starts for evaluation")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    t.add_argument("--allow-eviction", action="store_true",
+                   help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set policy.learn.batch_size=128")
     t.set_defaults(func=cmd_train)
@@ -124,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, spaces.SpaceError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 1
-    except RedisUnavailable as e:
-        print(e, file=sys.stderr)
+    except (RedisUnavailable, RedisNotSuitable) as e:
+        print(f"rqrl: {e}", file=sys.stderr)
         return 1
 
 

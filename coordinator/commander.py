@@ -38,6 +38,7 @@ from easydict import EasyDict
 
 from common import keys
 from common.policy import algorithm_of
+from common.seeding import task_seed
 from common.registry import COMMANDER_REGISTRY
 from common.task_space import TaskSpace
 
@@ -154,7 +155,7 @@ class SoloCommander(BaseCommander):
 
     def _next_seed(self) -> int:
         self._seed_counter += 1
-        return int(self._cfg.seed) * 100_003 + self._seed_counter
+        return task_seed(int(self._cfg.seed), self._seed_counter)
 
     def get_collector_task(self) -> Optional[dict]:
         """A collector or eval task when space is free and a learner exists, else None.

@@ -2,7 +2,9 @@
 
 * :func:`plot_curve` draws a list of eval points (what the coordinator keeps, or what
   :func:`evals_from_events` rebuilds from Redis);
-* ``rqrl curve --exp NAME`` rebuilds the curve of a run from its ``rqrl:{exp}:events`` stream.
+* ``rqrl curve --exp NAME`` draws the curve of a run from ``rqrl:{exp}:evals`` (every eval result,
+  never capped; the coordinator also writes them to ``./{exp}/evals.jsonl``), or for a run
+  without that list from its ``rqrl:{exp}:events`` stream, saying so when that stream was trimmed.
 
 An eval point is a dict::
 
@@ -155,6 +157,52 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
     return points, t0
 
 
+def evals_from_list(conn: Any, exp: str) -> tuple[list[dict[str, Any]], Optional[float]]:
+    """Eval points from ``rqrl:{exp}:evals`` (one per eval task, duplicates dropped) and the run's
+    start (unix seconds, from the coordinator's state; ``None`` if unknown)."""
+    import json
+
+    from common import keys
+
+    points: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for raw in conn.lrange(keys.evals(exp), 0, -1):
+        ev = json.loads(raw)
+        if ev.get("task_id") in seen:
+            continue
+        seen.add(ev.get("task_id"))
+        points.append(ev)
+    state = conn.hget(keys.commander(exp), "state")
+    t0 = float(json.loads(state)["t0"]) if state else (points[0]["time"] if points else None)
+    return points, t0
+
+
+def events_trimmed(conn: Any, exp: str) -> str:
+    """Why ``rqrl:{exp}:events`` no longer holds the whole run ("" when nothing was removed)."""
+    import redis
+
+    from common import keys
+
+    stream = keys.events(exp)
+    try:
+        deleted = conn.xinfo_stream(stream).get("max-deleted-entry-id")  # Redis >= 7
+    except redis.ResponseError:  # no stream, or XINFO denied
+        deleted = None
+    if deleted is not None:
+        deleted = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
+        return "" if deleted in ("0-0", "0") else \
+            f"{stream} was trimmed (entries up to {deleted} removed): evals before that are missing"
+    # Redis 6: the first event of a run comes within seconds of its start (coordinator state t0).
+    import json
+
+    state, first = conn.hget(keys.commander(exp), "state"), conn.xrange(stream, count=1)
+    if not state or not first:
+        return ""
+    gap = int(first[0][0].decode().split("-")[0]) / 1000 - float(json.loads(state)["t0"])
+    return f"{stream} appears trimmed (it starts {gap:.0f} s after the run began): earlier evals are missing" \
+        if gap > 60 else ""
+
+
 # ---------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exp", required=True, help="experiment name (exp_name in the config)")
@@ -170,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from common import keys, streams
-    from common.connection import connect, redact, resolve_url
+    from common.connection import connect, redact, resolve_url, scrub
 
     url = resolve_url(args.redis_url)
     try:
@@ -180,14 +228,19 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         conn = connect(url, socket_timeout=10)
-        points, t0 = evals_from_events(conn, args.exp)
+        points, t0 = evals_from_list(conn, args.exp)
+        if not points:  # a run from before rqrl:{exp}:evals existed
+            points, t0 = evals_from_events(conn, args.exp)
+            trimmed = events_trimmed(conn, args.exp)
+            if trimmed:
+                print(f"rqrl curve: warning: {trimmed}", file=sys.stderr)
         stop_value = args.stop_value
         if stop_value is None:
             summary = streams.decode_fields(conn.hgetall(keys.commander(args.exp)))
             sv = summary.get("stop_value")
             stop_value = float(sv) if isinstance(sv, (int, float)) and not isinstance(sv, bool) else None
     except (redis.RedisError, ValueError) as e:
-        print(f"rqrl curve: error: cannot read {keys.events(args.exp)} at {redact(url)}: {e}", file=sys.stderr)
+        print(f"rqrl curve: error: cannot read {keys.events(args.exp)} at {redact(url)}: {scrub(str(e), url)}", file=sys.stderr)
         return 1
     if not points:
         print(f"rqrl curve: error: no finished eval events in {keys.events(args.exp)} at {redact(url)}",

@@ -41,6 +41,8 @@ from rq import Queue
 from rq.job import Callback, Job, JobStatus
 
 from common import blobstore, events, keys, lease, serialization, streams
+from common.finite import NonFiniteError, check_arrays
+from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 
@@ -49,11 +51,20 @@ EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 _JOB_FUNC = {"collector": "workers.collector.run_collector_task", "learner": "workers.learner.run_learner_task"}
 _QUEUE = {"collector": keys.COLLECTOR_QUEUE, "learner": keys.LEARNER_QUEUE}
 _ALIVE_TTL_S = 6.0
+# Events the coordinator has read stay this long on the stream (rqrl status, the launcher's
+# progress line); unread ones are never trimmed. Eval results are kept whole in rqrl:{exp}:evals.
+_EVENTS_RETENTION_S = 600.0
+_TRIM_EVERY_S = 5.0
 
 
 def _fmt(value: Any) -> str:
     """An eval figure for the closing lines: 2 decimals, or ``none``."""
     return f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "none"
+
+
+def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
+    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
+    return int(ms), int(seq or 0)
 
 
 class CoordinatorError(RuntimeError):
@@ -96,6 +107,12 @@ class Coordinator:
         self._grace_until = 0.0
         self.resumed = False
         self._best_written: Optional[str] = None
+        self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
+        self._oom = False  # Redis answered OOM: the wrap-up is best effort
+        self._last_event_id = ""  # the newest event read and acked: trimming never passes it
+        self._next_trim = 0.0
+        self._new_evals: list[dict[str, Any]] = []  # eval results to store with the next _persist
+        self.events_lost = ""  # how unread events were found trimmed, if they were
 
     # ------------------------------------------------------------------ lifecycle
     def _claim(self) -> None:
@@ -118,6 +135,7 @@ class Coordinator:
             self.log.info("cleared %d keys left by an earlier run of %s", len(stale), self.exp)
         self.conn.set(keys.run(self.exp), self.run_id)
         self.conn.sadd(keys.experiments(), self.exp)
+        (self.out / "evals.jsonl").unlink(missing_ok=True)  # an earlier run's, as summary.json
         streams.ensure_group(self.conn, keys.events(self.exp), keys.COORDINATOR_GROUP, start_id="0")
         self._persist(self.conn.pipeline(transaction=True)).execute()
 
@@ -127,6 +145,7 @@ class Coordinator:
         self.run_id = state["run_id"]
         self._t0 = float(state["t0"])
         self._failures_in_a_row = int(state.get("failures_in_a_row", 0))
+        self._last_event_id = str(state.get("last_event_id", ""))
         self.running = {k.decode(): json.loads(v) for k, v in self.conn.hgetall(keys.tasks(self.exp)).items()}
         self.resumed = True
         self.log.info("resuming run %s of %s: %d running tasks adopted, %d env steps, train iter %d",
@@ -143,13 +162,18 @@ class Coordinator:
                 self._handle_entries(stream, claimed)
             if start in (b"0-0", "0-0"):
                 break
+        self._check_events_trimmed()
 
     def _persist(self, pipe: redis.client.Pipeline) -> redis.client.Pipeline:
         """Queue the commander state and the running tasks changed since the last call on ``pipe``
         (a MULTI pipeline); only changed task records are rewritten."""
         state = {"commander": self.commander.state_dict(), "run_id": self.run_id, "t0": self._t0,
-                 "failures_in_a_row": self._failures_in_a_row}
+                 "failures_in_a_row": self._failures_in_a_row, "last_event_id": self._last_event_id}
         pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
+        if self._new_evals:
+            pipe.rpush(keys.evals(self.exp), *[json.dumps(e) for e in self._new_evals])
+            self._write_evals_file(self._new_evals)
+            self._new_evals = []
         changed = {t: json.dumps(self.running[t]) for t in self._dirty if t in self.running}
         gone = [t for t in self._dirty if t not in self.running]
         if changed:
@@ -182,11 +206,14 @@ class Coordinator:
         """Run the experiment to its end; returns the process exit code (see module docstring)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self._claim()
-            if not self.resumed:
-                self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id,
-                              self.cfg.env.stop_value)
-            code, reason = self._loop()
+            try:
+                self._claim()
+                if not self.resumed:
+                    self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id,
+                                  self.cfg.env.stop_value)
+                code, reason = self._loop()
+            except redis.OutOfMemoryError:
+                code, reason = EXIT_ERROR, self._out_of_memory()
             self._finish(code, reason)
             return code
         finally:
@@ -205,6 +232,8 @@ class Coordinator:
                 return EXIT_INTERRUPTED, f"interrupted by {signal.Signals(self._signal).name}"
             self._dispatch()
             converged = self._process_events(block_ms=500)
+            if self._fatal:
+                return EXIT_ERROR, self._fatal
             self._dispatch()  # refill freed slots before the periodic checks below
             now = time.time()
             if now >= self._next_liveness:
@@ -214,6 +243,9 @@ class Coordinator:
             if now >= self._next_summary:
                 self._next_summary = now + 1.0
                 self._write_summary()
+            if now >= self._next_trim:
+                self._next_trim = now + _TRIM_EVERY_S
+                self._trim_events()
             if converged:
                 last = self.commander.last_eval or {}
                 return EXIT_CONVERGED, (f"converged: eval reward_mean {last.get('reward_mean', 0):.2f} "
@@ -280,6 +312,7 @@ class Coordinator:
             except (streams.MalformedEntry, KeyError, ValueError, TypeError) as e:
                 self.log.error("dropping bad event %s: %s", entry_id.decode(), e)
         # The state the events produced and their acks land together (exactly-once routing).
+        self._last_event_id = max((e for e, _ in entries), key=_id_tuple).decode()
         pipe = self._persist(self.conn.pipeline(transaction=True))
         pipe.xack(stream, keys.COORDINATOR_GROUP, *[e for e, _ in entries])
         pipe.execute()
@@ -317,13 +350,22 @@ class Coordinator:
             self._drop_leases.append(tid)
             self._failures_in_a_row = 0
             if kind == "collector":
-                return self.commander.finish_collector_task(tid, ev)
+                converged = self.commander.finish_collector_task(tid, ev)
+                if ev.get("eval_flag") is True:
+                    self._new_evals.append({
+                        "task_id": tid, "run_id": self.run_id, "envstep": self.commander.total_envstep,
+                        "train_iter": ev.get("train_iter", 0), "reward_mean": ev["reward_mean"],
+                        "reward_std": ev.get("reward_std", 0.0), "episodes": ev.get("real_episode_count", 0),
+                        "time": ev.get("ts", time.time())})
+                return converged
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
                                                      "expired", "corrupt", "malformed", "stale_chunks", "stale_rows",
                                                      "policy_lag_p50", "policy_lag_p95", "policy_lag_max") if k in ev}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
             self._fail(tid, ev.get("error", "unknown error"))
+            if ev.get("fatal") is True:  # a replacement would fail the same way (e.g. NaN weights)
+                self._fatal = f"{kind} task {tid} failed: {ev.get('error', 'unknown error')}"
         return False
 
     def _fail(self, tid: str, reason: str) -> None:
@@ -339,6 +381,37 @@ class Coordinator:
             self.commander.notify_fail_collector_task(entry["task"])
         else:
             self.commander.notify_fail_learner_task(entry["task"])
+
+    def _write_evals_file(self, evals: list[dict[str, Any]]) -> None:
+        """Append eval results to ``./{exp}/evals.jsonl`` (one JSON object per line)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "evals.jsonl", "a") as f:
+            f.writelines(json.dumps(e) + "\n" for e in evals)
+
+    def _trim_events(self) -> None:
+        """Trim the events stream to what was read and is older than the retention window."""
+        self._check_events_trimmed()
+        if not self._last_event_id:
+            return
+        cutoff = min(_id_tuple(self._last_event_id), (int((time.time() - _EVENTS_RETENTION_S) * 1000), 0))
+        self.conn.xtrim(keys.events(self.exp), minid=f"{cutoff[0]}-{cutoff[1]}", approximate=True)
+
+    def _check_events_trimmed(self) -> None:
+        """Report (once) a stream trimmed past the last event this coordinator read.
+
+        rqrl's own trimming keeps that entry (MINID never passes it), so its absence means a
+        MAXLEN or XTRIM from elsewhere removed it, and with it possibly events not yet read.
+        """
+        if self.events_lost or not self._last_event_id:
+            return
+        last = self._last_event_id
+        if self.conn.xrange(keys.events(self.exp), min=last, max=last):
+            return
+        first = self.conn.xrange(keys.events(self.exp), count=1)
+        first_id = first[0][0].decode() if first else "none"
+        self.events_lost = (f"{keys.events(self.exp)} was trimmed past the last event read ({last}; first entry "
+                            f"now {first_id}): unread task results may have been lost")
+        self.log.error("%s", self.events_lost)
 
     def _check_liveness(self) -> None:
         """Fail started tasks whose heartbeat expired, and queued ones whose RQ job died.
@@ -372,10 +445,40 @@ class Coordinator:
                     self._persist(self.conn.pipeline(transaction=True)).execute()
 
     # ------------------------------------------------------------------ ending
+    def _out_of_memory(self) -> str:
+        """Redis refused a write (OOM, noeviction): the run stops. Step data is dropped first (the
+        stopping learner will not read it), so the stop flag, the learner's final checkpoint and
+        RQ's own bookkeeping find room again."""
+        reason = oom_reason(self.conn)
+        self.log.error("%s: stopping the run; dropping its step data to make room", reason)
+        self._oom = True
+        batch: list[bytes] = []
+        for k in self.conn.scan_iter(match=keys.data_pattern(self.exp), count=1000):
+            batch.append(k)
+            if len(batch) >= 1000:
+                self.conn.delete(*batch)
+                batch.clear()
+        if batch:
+            self.conn.delete(*batch)
+        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason):
+            # Still full: the buffer's metadata stream goes too (the learner then ends on its error).
+            self.conn.delete(keys.buffer_meta(self.exp, self.commander.summary()["buffer_id"] or "none"))
+        return reason
+
+    def _best_effort(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> bool:
+        """Run a Redis write of the wrap-up; an OOM reply is logged, not raised (the run is ending)."""
+        try:
+            fn(*args, **kwargs)
+            return True
+        except redis.OutOfMemoryError as e:
+            self.log.error("could not %s: %s", what, e)
+            return False
+
     def _write_summary(self, **extra: Any) -> dict[str, Any]:
         summary = dict(self.commander.summary(), run_id=self.run_id, coordinator=self.name,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
-        self.conn.hset(keys.commander(self.exp), mapping=streams.encode_fields(summary))
+        self._best_effort("write the summary to Redis", self.conn.hset, keys.commander(self.exp),
+                          mapping=streams.encode_fields(summary))
         return summary
 
     def _finish(self, code: int, reason: str) -> None:
@@ -394,23 +497,29 @@ class Coordinator:
                          "last_eval_envstep": last.get("envstep", ""),
                          "last_eval_policy_envstep": last.get("policy_envstep", ""),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
-        self.conn.set(keys.stop(self.exp), reason)
-        self._cancel_queued()
+        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and self.running:
+            # DEL needs no memory: without their leases the tasks stop at their next write.
+            lease.revoke(self.conn, self.exp, *self.running)
+        self._best_effort("cancel queued tasks", self._cancel_queued)
         # Importing matplotlib and drawing take a second or two: overlap them with the wait below.
         curve: dict[str, Optional[Path]] = {}
         plotter = threading.Thread(target=lambda: curve.update(path=self._plot_curve()), daemon=True)
         plotter.start()
         timeout = float(self.cfg.commander.finish_timeout)
-        if code == EXIT_INTERRUPTED:
+        if code == EXIT_INTERRUPTED or self._oom:
             timeout = min(timeout, 10.0)
         deadline = time.time() + timeout
         while any(e["kind"] == "learner" for e in self.running.values()) and time.time() < deadline:
-            self._process_events(block_ms=250)
-            if time.time() >= self._next_liveness:
+            if not self._best_effort("read events", self._process_events, block_ms=250):
+                time.sleep(0.25)  # Redis refuses writes: nothing to block on until it has room
+            # A full Redis refuses heartbeats too: missing ones then say nothing about the workers.
+            if time.time() >= self._next_liveness and not self._oom:
                 self._next_liveness = time.time() + 1.0
-                self._check_liveness()
+                self._best_effort("check task liveness", self._check_liveness)
         final = self._export_final()
         learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
+        if self.events_lost:
+            learner["events_lost"] = self.events_lost
         summary = self._write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",
                                       **self._at_stop, **learner)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -485,6 +594,11 @@ class Coordinator:
         from common.policy import export
 
         weights = serialization.loads(got[1], what=keys.policy(self.exp, policy_id))
+        try:
+            check_arrays(weights, "final.pt")
+        except NonFiniteError as e:
+            self.log.error("not exporting: %s", e)
+            return None
         bundle = export.from_weights(self.cfg, spaces.probe(self.cfg), weights, int(got[0]["version"]))
         self.log.warning("the learner left no final checkpoint; final.pt holds the last published policy version")
         path.write_bytes(export.to_bytes(bundle))

@@ -91,6 +91,7 @@ def load_saved(path: str | Path) -> Saved:
     """
     import torch
 
+    from common.finite import NonFiniteError, check_arrays
     from common.policy import export
 
     p = Path(path)
@@ -114,8 +115,10 @@ def load_saved(path: str | Path) -> Saved:
     for k, v in saved.weights.items():
         if not isinstance(v, torch.Tensor):
             raise EvalError(f"{p}: weight {k!r} is a {type(v).__name__}, not a tensor")
-        if not bool(torch.isfinite(v).all()):
-            raise EvalError(f"{p}: weight {k!r} holds NaN or inf values; refusing to play a diverged policy")
+    try:
+        check_arrays(saved.weights, f"{p} ({saved.kind})")
+    except NonFiniteError as e:
+        raise EvalError(f"{e}: refusing to evaluate non-finite weights") from None
     return saved
 
 

@@ -21,8 +21,9 @@ import redis
 
 from common import keys, streams
 from easydict import EasyDict
-from common.connection import connect, connect_checked, redact
+from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
+from common.redis_memory import check_memory_settings
 
 _WORKER_CLASS = "workers.worker.PreloadWorker"
 
@@ -144,6 +145,8 @@ class Launcher:
         env["PYTHONPATH"] = os.pathsep.join([*extra, *filter(None, [os.environ.get("PYTHONPATH", "")])])
         env.setdefault("RQRL_TORCH_THREADS", "1")
         conn = connect_checked(url)
+        for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
+            print(f"warning: {warning}", file=sys.stderr)
         config_path = str(Path(self.config_path).resolve())
         self._spawn("coordinator", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
                                     *self.coordinator_args], env)
@@ -184,7 +187,7 @@ class Launcher:
             try:
                 reply = conn.xread({stream: last_id}, count=500, block=500)
             except redis.RedisError as e:
-                print(f"\nredis error while following the run: {e}", file=sys.stderr)
+                print(f"\nredis error while following the run: {scrub(str(e), self.url)}", file=sys.stderr)
                 reply = []
             for _, entries in reply or []:
                 for entry_id, raw in entries:

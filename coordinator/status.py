@@ -13,6 +13,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from common import keys, streams
 from common.connection import RedisUnavailable, connect_checked
+from common.redis_memory import memory_info
 
 
 def _throughput(conn: redis.Redis, exp: str, window_s: float = 60.0) -> dict[str, float]:
@@ -38,9 +39,19 @@ def _learner_figures(conn: redis.Redis, exp: str) -> dict[str, Any]:
     return {}
 
 
+def _memory(conn: redis.Redis) -> dict[str, Any]:
+    """Redis memory: used / maxmemory (bytes), policy, and whether writes are refused (full)."""
+    try:
+        mem = memory_info(conn)
+    except redis.ResponseError:  # INFO refused by an ACL
+        return {}
+    mem["full"] = bool(mem["max"]) and mem["used"] >= mem["max"]
+    return mem
+
+
 def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, Any]:
     """Everything ``rqrl status`` shows, as plain data (the ``--json`` output)."""
-    out: dict[str, Any] = {"queues": {}, "experiments": {}}
+    out: dict[str, Any] = {"queues": {}, "experiments": {}, "redis": _memory(conn)}
     for name in (keys.COLLECTOR_QUEUE, keys.LEARNER_QUEUE):
         q = Queue(name, connection=conn)
         workers = Worker.all(queue=q)
@@ -75,6 +86,11 @@ def render(status: dict[str, Any]) -> str:
     lines = ["QUEUE       queued started failed  workers"]
     for name, q in status["queues"].items():
         lines.append(f"{name:<11} {q['queued']:>6} {q['started']:>7} {q['failed']:>6}  {len(q['workers'])}")
+    mem = status.get("redis") or {}
+    if mem:
+        cap = f"{mem['max'] / 2**20:.1f} MB" if mem["max"] else "no limit"
+        lines.append(f"redis       used {mem['used'] / 2**20:.1f} MB / maxmemory {cap}, {mem['policy']}"
+                     + ("  FULL: writes refused" if mem["full"] else ""))
     if not status["experiments"]:
         lines.append("no experiments in this Redis")
     for e, info in status["experiments"].items():

@@ -2,7 +2,9 @@
 
 RQ calls :func:`report_job_failure` when a job raises or times out (not when its work-horse
 is SIGKILLed; the coordinator's heartbeat check covers that). The task's own ``failed``
-event usually arrives first; the coordinator ignores the second report of the same task.
+event usually arrives first; the coordinator ignores the second report of the same task. A job
+refused by :func:`workers.task.validate_task` / ``check_current`` / the heartbeat claim is not
+reported: its task id may be a live task's.
 """
 
 from __future__ import annotations
@@ -14,8 +16,14 @@ from common import events
 
 def report_job_failure(job: Any, connection: Any, exc_type: Any, exc_value: Any, traceback: Any) -> None:
     """Emit a ``failed`` event for the job's task, naming the exception."""
+    from workers.task import TaskError
+
     task = job.args[0] if job.args else {}
-    if not isinstance(task, dict) or "exp_name" not in task or "task_id" not in task:
+    if not isinstance(task, dict) or not isinstance(task.get("exp_name"), str) or not isinstance(task.get("task_id"), str):
+        return
+    # Only the coordinator's own job for the task (job id = task id) speaks for it, and a task
+    # refused before it ran (malformed, stale, a duplicate of a live id) says nothing about it.
+    if job.id != task["task_id"] or (isinstance(exc_type, type) and issubclass(exc_type, TaskError)):
         return
     kind = task.get("task_type", "collector")
     if kind not in events.TASK_TYPES:

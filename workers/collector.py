@@ -25,9 +25,10 @@ from easydict import EasyDict
 
 from common import events, spaces
 from common.policy import algorithm_of, create_policy, export
+from common.seeding import env_seeds
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, make_vector_env, step, true_next_obs
-from workers.task import Heartbeat, is_stale, task_connection, validate_task
+from workers.task import Heartbeat, TaskError, check_current, task_connection, validate_task
 
 
 class ChunkBuilder:
@@ -184,7 +185,7 @@ class Collector:
         # On-policy rows go out as soon as the adder emits a rollout: its version is current now.
         chunk = ChunkBuilder(1 if self._on_policy else int(cfg.policy.collect.n_sample))
         stats = EpisodeStats(self._env_num)
-        obs, _ = self._env.reset(seed=int(self._task.get("seed", 0)))
+        obs, _ = self._env.reset(seed=env_seeds(int(self._task.get("seed", 0)), self._env_num))
         obs = self._spec.obs_batch(obs)
         steps = steps_at_last_send = 0
         base_envstep = int(self._task.get("envstep", 0))
@@ -236,7 +237,7 @@ class Collector:
         quota[: n_episode % self._env_num] += 1
         done_count = np.zeros(self._env_num, np.int64)
         stats = EpisodeStats(self._env_num)
-        obs, _ = self._env.reset(seed=int(self._task.get("seed", 0)))
+        obs, _ = self._env.reset(seed=env_seeds(int(self._task.get("seed", 0)), self._env_num))
         steps = 0
         deadline = time.time() + float(cfg.policy.eval.evaluator.max_episode_seconds) * max(1, quota.max())
         while (done_count < quota).any():
@@ -270,8 +271,7 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     cfg = validate_task(task, "collector")
     conn = task_connection(task)
     exp, task_id = task["exp_name"], task["task_id"]
-    if is_stale(conn, task):
-        return {"skipped": f"task {task_id} belongs to an earlier run of {exp}"}
+    check_current(conn, task)
     comm = RedisCommCollector(conn, task, cfg.policy.collect.collector.data_ttl)
     try:
         with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
@@ -284,8 +284,11 @@ def run_collector_task(task: dict) -> dict[str, Any]:
             # Task start-up: config, env build, policy wait and first fetch (seconds).
             info["setup_s"] = round(collector.ready_at - t_entry, 4)
             info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
+            info["policy_errors"] = comm.policy_errors
             comm.deal_with_collector_close(info)
         return info
+    except TaskError:
+        raise  # not this task's runner (a duplicate id): report nothing under its id
     except Exception as e:
         events.emit(conn, exp, "failed", task_id, "collector", error=f"{type(e).__name__}: {e}"[:2000],
                     eval_flag=bool(task.get("eval_flag")))

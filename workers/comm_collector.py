@@ -15,6 +15,7 @@ of the limiter (not training faster than ``train_iter_per_env_step``) is in work
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -24,7 +25,10 @@ import numpy as np
 import redis
 
 from common import blobstore, events, keys, serialization, streams
+from common.finite import NonFiniteError, check_arrays
 from common.scripts import send_chunk
+
+log = logging.getLogger(__name__)
 
 
 class RedisCommCollector:
@@ -56,6 +60,9 @@ class RedisCommCollector:
         self.limiter_wait_s = 0.0  # seconds spent waiting for the learner (replay-ratio limiter)
         self.policy_published_at = 0.0  # unix seconds the held policy version was published
         self.policy_envstep = 0  # env steps the learner had consumed when it made the held version
+        self.policy_errors = 0  # unreadable policy publications skipped (corrupt, wrong type, non-finite)
+        self._bad_version: int | None = None  # the last version found unreadable: not read again
+        self._ready: tuple[int, float, dict[str, np.ndarray], int] | None = None  # read by wait_for_policy
 
     # -- the seed's interface -------------------------------------------------------------
     def deal_with_collector_start(self) -> None:
@@ -91,14 +98,19 @@ class RedisCommCollector:
         """
         self._subscribe()
         deadline = time.monotonic() + timeout_s
-        while self._conn.hget(self._policy_key, "version") is None:
+        # A first publication that cannot be read is skipped like a later one: wait for the next.
+        while self._ready is None:
+            self._ready = self._read_policy()
+            if self._ready is not None:
+                break
             if self._conn.exists(keys.stop(self._exp)):
                 self.stop_flag = True
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"task {self._task_id}: no policy published at {self._policy_key} within "
-                                   f"{timeout_s:.0f} s; is a learner worker running (rq worker learner)?")
+                raise TimeoutError(f"task {self._task_id}: no readable policy published at {self._policy_key} within "
+                                   f"{timeout_s:.0f} s ({self.policy_errors} unreadable); is a learner worker "
+                                   "running (rq worker learner)?")
             self._pubsub.get_message(timeout=min(0.5, remaining))
 
     def store_evaluated(self, bundle: bytes, version: int, ttl_s: int = 7200) -> str:
@@ -157,23 +169,49 @@ class RedisCommCollector:
     def get_policy_update_info(self) -> dict[str, np.ndarray] | None:
         """The published weights if their version differs from the one held, else None.
 
-        Raises:
-            serialization.DecodeError / blobstore.BlobError: a corrupt policy blob (names the key).
+        A publication that cannot be read (corrupt blob, wrong key type, non-finite weights) is
+        logged with the key and the error, counted in :attr:`policy_errors` and skipped: the
+        caller keeps acting with the weights it holds until the next good version.
         """
-        got = blobstore.get_versioned(self._conn, self._policy_key)
+        got, self._ready = self._ready or self._read_policy(), None
         if got is None:
             return None
-        meta, payload = got
-        version = int(meta["version"])
-        # "Different", not "newer": a replacement learner resumes from its last checkpoint and
-        # republishes an older version, which is then the one it trains on.
-        if self.policy_version is not None and version == self.policy_version:
-            return None
-        weights = serialization.loads(payload, what=self._policy_key)
-        self.policy_version = version
-        self.policy_published_at = float(meta.get("ts", 0.0))
-        self.policy_envstep = int(meta.get("envstep", 0))
+        self.policy_version, self.policy_published_at, weights, self.policy_envstep = got
         return weights
+
+    def _read_policy(self) -> tuple[int, float, dict[str, np.ndarray], int] | None:
+        """``(version, published_at, weights, envstep)`` of a readable publication other than the one held."""
+        raw = None
+        try:
+            raw = self._conn.hget(self._policy_key, "version")
+            # "Different", not "newer": a replacement learner resumes from its last checkpoint and
+            # republishes an older version, which is then the one it trains on.
+            if raw is None or (self.policy_version is not None and int(raw) == self.policy_version) \
+                    or int(raw) == self._bad_version:
+                return None
+            got = blobstore.get_versioned(self._conn, self._policy_key)
+            if got is None:
+                return None
+            meta, payload = got
+            version = int(meta["version"])
+            if self.policy_version is not None and version == self.policy_version:
+                return None
+            weights = serialization.loads(payload, what=self._policy_key)
+            check_arrays(weights, f"{self._policy_key} version {version}")
+            return version, float(meta.get("ts", 0.0)), weights, int(meta.get("envstep", 0))
+        except (blobstore.BlobError, serialization.DecodeError, NonFiniteError, redis.ResponseError,
+                KeyError, ValueError, TypeError) as e:
+            self._policy_unreadable(f"{type(e).__name__}: {e}", raw)
+            return None
+
+    def _policy_unreadable(self, error: str, raw_version: bytes | None = None) -> None:
+        try:
+            self._bad_version = int(raw_version) if raw_version is not None else None
+        except ValueError:
+            self._bad_version = None
+        self.policy_errors += 1
+        log.warning("task %s: skipping unreadable policy %s (%s); %d so far; acting with version %s",
+                    self._task_id, self._policy_key, error, self.policy_errors, self.policy_version)
 
     # -- batching -------------------------------------------------------------------------
     def flush(self, max_wait_s: float = 30.0) -> bool:
@@ -193,14 +231,21 @@ class RedisCommCollector:
         if not {"data_key", "fields"} <= p.keys():
             raise ValueError(f"task {self._task_id}: flush needs send_stepdata and send_metadata first")
         self._chunk_keys[1] = p["data_key"]
-        _, counter, version_raw, limit_raw, stop = send_chunk(
+        _, counter, version_raw, limit_raw, stop, policy_error = send_chunk(
             self._conn, self._chunk_keys, p["payload"], self._data_ttl, streams.DEFAULT_MAXLEN, p["env_steps"], p["fields"])
         self.stop_flag = bool(stop)
+        if policy_error:
+            self._policy_unreadable(policy_error)
+            return False
         if limit_raw is not None and counter > int(limit_raw) and not self.stop_flag:
             version_raw = self._wait_for_learner(counter, max_wait_s) or version_raw
         if version_raw is None:
             return False
-        return self.policy_version is None or int(version_raw) != self.policy_version
+        try:
+            return self.policy_version is None or int(version_raw) != self.policy_version
+        except ValueError:
+            self._policy_unreadable(f"version field {version_raw!r} is not an integer")
+            return False
 
     def poll_stop(self, interval_s: float = 0.5) -> bool:
         """Refresh :attr:`stop_flag` at most every ``interval_s`` seconds (for tasks that send no data)."""
@@ -216,7 +261,11 @@ class RedisCommCollector:
         self._subscribe()
         version = None
         # Re-read after subscribing: a publication between the pipeline and SUBSCRIBE is not lost.
-        version_raw, limit_raw = self._conn.hmget(self._policy_key, ["version", "envstep_limit"])
+        try:
+            version_raw, limit_raw = self._conn.hmget(self._policy_key, ["version", "envstep_limit"])
+        except redis.ResponseError as e:
+            self._policy_unreadable(f"{self._policy_key}: {e}")
+            return None
         limit = int(limit_raw) if limit_raw is not None else counter
         while counter > limit and not self.stop_flag:
             remaining = max_wait_s - (time.monotonic() - t0)

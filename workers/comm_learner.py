@@ -22,6 +22,7 @@ import numpy as np
 import redis
 import torch
 
+from common.finite import check_arrays
 from common import blobstore, keys, serialization, streams
 from common.scripts import ack_chunks
 
@@ -194,7 +195,9 @@ def publish_policy(conn: redis.Redis, exp: str, policy_id: str, weights: dict[st
 
     Raises:
         common.scripts.LeaseRevoked: the lease is gone.
+        common.finite.NonFiniteError: a weight is NaN or inf (nothing is published).
     """
+    check_arrays(weights, f"policy version {train_iter} for {keys.policy(exp, policy_id)}")
     payload = serialization.dumps(weights)
     blobstore.put_versioned(conn, keys.policy(exp, policy_id), payload, train_iter,
                             meta={"train_iter": train_iter, "envstep_limit": int(envstep_limit), "envstep": int(envstep),
@@ -210,7 +213,9 @@ def save_checkpoint(conn: redis.Redis, exp: str, name: str, state: dict[str, Any
 
     Raises:
         common.scripts.LeaseRevoked: ``lease_key`` is given and gone.
+        common.finite.NonFiniteError: the state holds NaN or inf (nothing is stored).
     """
+    check_arrays(state, f"checkpoint {keys.ckpt(exp, name)} at train iter {train_iter}")
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()

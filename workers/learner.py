@@ -33,13 +33,14 @@ import torch
 from easydict import EasyDict
 
 from common import events, keys, spaces
+from common.finite import check_train_step
 from common.logs import build_logger, build_tb_writer
 from common.policy import Policy, algorithm_of, create_policy, export
 from common.registry import LEARNER_REGISTRY, import_names
 from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
 from workers.learner_hooks import LearnerHook, build_hooks
 from workers.sources import create_source
-from workers.task import Heartbeat, is_stale, task_connection, validate_task
+from workers.task import Heartbeat, TaskError, check_current, task_connection, validate_task
 
 
 class CheckpointStore:
@@ -125,6 +126,7 @@ class BaseLearner:
         log_vars = self._policy.learn(data)
         priority = log_vars.pop("priority", None)
         self._priority_info = {"priority": priority} if priority is not None else {}
+        check_train_step(self._policy, log_vars, self._train_iter + 1)
         self._log_buffer["scalar"]["train_time"].append(time.perf_counter() - t0)
         for k, v in log_vars.items():
             self._log_buffer["scalar"][k].append(float(v))
@@ -352,14 +354,15 @@ def run_learner_task(task: dict) -> dict[str, Any]:
     cfg = validate_task(task, "learner")
     conn = task_connection(task)
     exp, task_id = task["exp_name"], task["task_id"]
-    if is_stale(conn, task):
-        return {"skipped": f"task {task_id} belongs to an earlier run of {exp}"}
+    check_current(conn, task)
     try:
         with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
             return _run_learner(conn, cfg, task)
+    except TaskError:
+        raise  # not this task's runner (a duplicate id): report nothing under its id
     except Exception as e:
         events.emit(conn, exp, "failed", task_id, "learner", error=f"{type(e).__name__}: {e}"[:2000],
-                    buffer_id=task["buffer_id"])
+                    buffer_id=task["buffer_id"], fatal=bool(getattr(e, "fatal", False)))
         raise
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import os
+import socket
 import threading
+import uuid
 from typing import Any
 
 import redis
@@ -16,37 +20,106 @@ _REQUIRED = {
     "collector": ("task_id", "exp_name", "run_id", "buffer_id", "policy_id", "eval_flag", "collect_setting", "config"),
     "learner": ("task_id", "exp_name", "run_id", "buffer_id", "policy_id", "config"),
 }
+_OPTIONAL = {
+    "collector": ("task_type", "envstep", "seed", "redis_url"),
+    "learner": ("task_type", "resume", "seed", "redis_url"),
+}
+_MAX_ID_LEN = 200
 
 
 class TaskError(ValueError):
-    """A malformed task dict (names the task and the key)."""
+    """A task that must not run: malformed, stale or a duplicate (names the task and the field).
+
+    Raised before the task touches anything of its experiment, so it never reports events
+    under its task id (that id may belong to a live task)."""
+
+
+class StaleTask(TaskError):
+    """The task's experiment is unknown, its run is not the current one, or its lease is gone."""
+
+
+class DuplicateTask(TaskError):
+    """Another job already runs this task id (its heartbeat key holds another owner)."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_fields(task: dict, kind: str, tid: str) -> None:
+    """Type and value of every field (see :data:`_REQUIRED`, :data:`_OPTIONAL`); raises TaskError."""
+    def bad(field: str, why: str) -> TaskError:
+        return TaskError(f"task {tid}: field {field!r} = {task.get(field)!r:.80} {why}")
+
+    unknown = sorted(map(str, set(task) - set(_REQUIRED[kind]) - set(_OPTIONAL[kind])))
+    if unknown:
+        raise TaskError(f"task {tid}: unknown fields {unknown} for a {kind} task")
+    for field in ("task_id", "exp_name", "run_id", "buffer_id", "policy_id"):
+        v = task[field]
+        if not isinstance(v, str):
+            raise bad(field, f"is {type(v).__name__}, must be a string")
+        try:
+            keys._check(field, v)
+        except ValueError:
+            raise bad(field, "is empty or contains ':', space or glob characters") from None
+        if len(v) > _MAX_ID_LEN:
+            raise bad(field, f"is longer than {_MAX_ID_LEN} characters")
+    for field in ("eval_flag", "resume"):
+        if field in task and not isinstance(task[field], bool):
+            raise bad(field, f"is {type(task[field]).__name__}, must be true or false")
+    for field in ("envstep", "seed"):
+        if field in task and not (_is_int(task[field]) and 0 <= task[field] < 2**63):
+            raise bad(field, "must be an integer in [0, 2**63)")
+    if "redis_url" in task and not isinstance(task["redis_url"], str):
+        raise bad("redis_url", "must be a string")
+    if kind == "collector":
+        cs = task["collect_setting"]
+        if not isinstance(cs, dict):
+            raise TaskError(f"task {tid}: field 'collect_setting' is {type(cs).__name__}, must be a dict of numbers")
+        for k, v in cs.items():
+            if not isinstance(k, str) or not _is_real(v):
+                raise TaskError(f"task {tid}: field 'collect_setting.{k}' = {v!r:.80} must be a finite number")
+        if "eps" in cs and not 0.0 <= cs["eps"] <= 1.0:
+            raise TaskError(f"task {tid}: field 'collect_setting.eps' = {cs['eps']!r} must be in [0, 1]")
+    if not isinstance(task["config"], dict):
+        raise bad("config", f"is {type(task['config']).__name__}, must be a dict")
 
 
 def validate_task(task: Any, kind: str) -> EasyDict:
-    """Check a task dict and recompile its config (so defaults of this worker's version apply).
+    """Check every field of a task dict (type and value), then recompile its config (so defaults
+    of this worker's version apply). Nothing is read from or written to Redis.
 
     Returns:
         The task's config as an EasyDict.
 
     Raises:
-        TaskError: not a dict, a missing key, a wrong ``task_type`` or a bad config.
+        TaskError: not a dict, a missing/unknown field, a field of the wrong type or value, a wrong
+            ``task_type``, a config whose ``exp_name`` differs from the task's, or a bad config.
     """
     if not isinstance(task, dict):
         raise TaskError(f"{kind} task must be a dict, got {type(task).__name__}")
     tid = task.get("task_id", "<no task_id>")
+    tid = tid if isinstance(tid, str) else repr(tid)
     if task.get("task_type", kind) != kind:
         raise TaskError(f"task {tid}: task_type {task.get('task_type')!r} sent to the {kind} job function")
     missing = [k for k in _REQUIRED[kind] if k not in task]
     if missing:
         raise TaskError(f"task {tid}: missing keys {missing}")
+    _check_fields(task, kind, tid)
     cfg = task["config"]
-    if not isinstance(cfg, dict):
-        raise TaskError(f"task {tid}: 'config' must be a dict")
     try:
         create = cfg.get("create")
-        return compile_config({k: v for k, v in cfg.items() if k != "create"}, create)
+        compiled = compile_config({k: v for k, v in cfg.items() if k != "create"}, create)
     except ConfigError as e:
         raise TaskError(f"task {tid}: bad config: {e}") from None
+    if compiled.exp_name != task["exp_name"]:
+        raise TaskError(f"task {tid}: field 'exp_name' = {task['exp_name']!r} differs from config.exp_name "
+                        f"{compiled.exp_name!r}")
+    return compiled
 
 
 def task_connection(task: dict) -> redis.Redis:
@@ -62,12 +135,21 @@ def task_connection(task: dict) -> redis.Redis:
     return connect(task.get("redis_url"))
 
 
-def is_stale(conn: redis.Redis, task: dict) -> bool:
-    """True when the task may not run: it belongs to an earlier run, or its lease was revoked."""
-    current = conn.get(keys.run(task["exp_name"]))
-    if current is None or current.decode() != task["run_id"]:
-        return True
-    return not lease.held(conn, task["exp_name"], task["task_id"])
+def check_current(conn: redis.Redis, task: dict) -> None:
+    """Refuse a task that may not run: unknown experiment, an earlier run, or no lease.
+
+    Raises:
+        StaleTask: naming the task and the reason (and the key that says so).
+    """
+    exp, tid = task["exp_name"], task["task_id"]
+    current = conn.get(keys.run(exp))
+    if current is None:
+        raise StaleTask(f"task {tid}: unknown experiment {exp!r} (no {keys.run(exp)}: no coordinator runs it)")
+    if current.decode() != task["run_id"]:
+        raise StaleTask(f"task {tid}: belongs to run {task['run_id']!r} of {exp}; the current run is {current.decode()!r}")
+    if not lease.held(conn, exp, tid):
+        raise StaleTask(f"task {tid}: no lease ({keys.lease(exp, tid)}): it was never dispatched, or it was "
+                        "declared dead and replaced")
 
 
 def stop_requested(conn: redis.Redis, exp: str) -> bool:
@@ -80,18 +162,28 @@ class Heartbeat:
 
     The key expires within ``ttl_s`` seconds of the process dying, which is how the
     coordinator detects a dead task without waiting for RQ's maintenance pass.
+
+    Raises:
+        DuplicateTask: on enter, when another runner holds the key (a copy of a live task's id).
     """
 
     def __init__(self, conn: redis.Redis, exp: str, task_id: str, ttl_s: float, worker: str = "") -> None:
         self._conn = conn
         self._key = keys.heartbeat(exp, task_id)
         self._ttl_ms = max(1000, int(ttl_s * 1000))
-        self._value = worker or "alive"
+        self._task_id = task_id
+        # Unique per runner, so an owner can tell its own key from a duplicate's.
+        self._value = f"{worker or socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{task_id}", daemon=True)
 
     def __enter__(self) -> "Heartbeat":
-        self._conn.set(self._key, self._value, px=self._ttl_ms)
+        # Claiming the key (NX) is what makes this job the task's one runner: a copy of a live
+        # task's id (hand-enqueued, or a job id reused) finds it taken and leaves the task alone.
+        if not self._conn.set(self._key, self._value, px=self._ttl_ms, nx=True):
+            owner = self._conn.get(self._key)
+            raise DuplicateTask(f"task {self._task_id} already runs elsewhere ({self._key} = "
+                                f"{(owner or b'?').decode(errors='replace')!r}); this copy does not run")
         self._thread.start()
         return self
 

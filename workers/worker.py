@@ -9,6 +9,8 @@ parent imports them once and every forked horse inherits them::
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium  # noqa: F401  (pre-import for forked work-horses)
 import gymnasium.envs.classic_control  # noqa: F401
 import tensorboard.compat.proto.event_pb2  # noqa: F401  (the learner's TensorBoard writer)
@@ -17,8 +19,19 @@ import torch  # noqa: F401
 from rq.worker import Worker
 
 import workers.collector  # noqa: F401
+from common.connection import with_retries
 import workers.learner  # noqa: F401
 
 
 class PreloadWorker(Worker):
-    """``rq.worker.Worker`` whose module pre-imports rqrl's job code (see module docstring)."""
+    """``rq.worker.Worker`` whose module pre-imports rqrl's job code (see module docstring).
+
+    Its own Redis client retries connection errors and ``OOM`` replies with backoff (~10 s):
+    stock RQ quits on the first refused write of its bookkeeping, so a Redis that is full for
+    the few seconds the coordinator needs to stop the run and free memory would kill it.
+    """
+
+    def __init__(self, *args: Any, connection: Any = None, **kwargs: Any) -> None:
+        if connection is not None:
+            connection = with_retries(connection)
+        super().__init__(*args, connection=connection, **kwargs)

@@ -232,7 +232,7 @@ def test_non_finite_weights_refused(tmp_path, capsys):
     path = tmp_path / "nan.pt"
     torch.save(bundle, path)
     assert evaluate.main([str(path)]) == 1
-    one_line_error(capsys, "advantage.bias", "NaN")
+    one_line_error(capsys, "non-finite weight advantage.bias", "refusing to evaluate")
 
 
 def test_policy_of_other_spaces_refused(final_pt, capsys):

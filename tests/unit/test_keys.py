@@ -45,7 +45,7 @@ def test_docstring_table_matches_builders():
         keys.events("E"), keys.buffer_meta("E", "B"), keys.data("E", "D"), keys.policy("E", "P"),
         keys.ckpt("E", "N"), keys.policy_updates("E", "P"), keys.envstep("E"), keys.commander("E"),
         keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.heartbeat("E", "T"),
-        keys.experiments(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"),
+        keys.experiments(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"), keys.evals("E"),
         keys.evaluated_policy("E", "T"),
     }
     documented = set()

@@ -1,0 +1,92 @@
+"""Guards against training that diverged to NaN / inf: stop at the first non-finite value.
+
+The learner calls :func:`check_train_step` after each train iteration (loss and the other
+logged scalars, then every gradient, then every weight of the policy's networks), and
+:func:`check_arrays` guards whatever leaves the learner: published policies, checkpoints,
+``final.pt`` and the weights ``rqrl eval`` is asked to score. Every error names the train
+iteration (where there is one) and the tensor, e.g. ``train iter 101: non-finite gradient
+model.encoder.0.weight (12 of 128 values)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+
+class NonFiniteError(RuntimeError):
+    """A loss, gradient or weight is NaN or infinite. ``fatal``: retrying the task would not help
+    (a replacement resumes from the same weights), so the coordinator ends the run with it."""
+
+    fatal = True
+
+
+def _bad_count(value: Any) -> tuple[int, int]:
+    """(non-finite values, all values) of a tensor / array / scalar; (0, n) for non-float data."""
+    if hasattr(value, "detach"):  # a torch tensor, without importing torch here
+        if not value.is_floating_point():
+            return 0, value.numel()
+        return int((~value.detach().isfinite()).sum()), value.numel()
+    if isinstance(value, (float, np.floating)):
+        return (0 if math.isfinite(value) else 1), 1
+    arr = np.asarray(value) if isinstance(value, np.ndarray) else None
+    if arr is None or arr.dtype.kind not in "fc":
+        return 0, 0 if arr is None else arr.size
+    return int((~np.isfinite(arr)).sum()), arr.size
+
+
+def _walk(obj: Any, prefix: str) -> Iterable[tuple[str, Any]]:
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from _walk(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _walk(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, obj
+
+
+def check_arrays(state: Any, what: str) -> None:
+    """Check every float tensor / array / scalar in ``state`` (nested dicts and lists allowed).
+
+    Args:
+        state: e.g. a state_dict, a checkpoint dict, or published weights ``{name: float32 array}``.
+        what: what ``state`` is, for the message (a Redis key, a file, ``"published policy"``).
+
+    Raises:
+        NonFiniteError: naming ``what``, the first tensor holding NaN/inf and how many values.
+    """
+    for name, value in _walk(state, ""):
+        bad, n = _bad_count(value)
+        if bad:
+            raise NonFiniteError(f"{what}: non-finite weight {name} ({bad} of {n} values are NaN or inf)")
+
+
+def check_train_step(policy: Any, log_vars: Mapping[str, Any], train_iter: int) -> None:
+    """After train iteration ``train_iter``: its logged scalars, then the gradients, then the weights
+    of every ``torch.nn.Module`` attribute of ``policy`` (e.g. ``model``, ``target_model``).
+
+    Raises:
+        NonFiniteError: ``train iter N: non-finite loss|gradient|weight NAME (...)``.
+    """
+    for k, v in log_vars.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
+            raise NonFiniteError(f"train iter {train_iter}: non-finite {k} = {v}")
+    import torch
+
+    modules = {k.lstrip("_"): m for k, m in vars(policy).items() if isinstance(m, torch.nn.Module)}
+    params = [(f"{mk}.{pk}", p) for mk, m in modules.items() for pk, p in m.named_parameters()]
+    for kind, tensors in (("gradient", [(n, p.grad) for n, p in params if p.grad is not None]),
+                          ("weight", [(n, p) for n, p in params])):
+        if not tensors:
+            continue
+        with torch.no_grad():
+            flags = torch.stack([t.isfinite().all() for _, t in tensors])
+        if bool(flags.all()):  # one device sync for all tensors of the kind
+            continue
+        name, t = tensors[int((~flags).nonzero()[0])]
+        bad = int((~t.detach().isfinite()).sum())
+        raise NonFiniteError(f"train iter {train_iter}: non-finite {kind} {name} ({bad} of {t.numel()} values "
+                             "are NaN or inf); lower policy.learn.learning_rate or set policy.learn.grad_clip_norm")

@@ -1,0 +1,42 @@
+"""Independent random streams for every task and env of a run, derived from the run's seed.
+
+``seed + 1`` per task and ``seed + i`` per env made consecutive tasks share all but one env
+seed (and so most episode start states). Here every seed is a child of
+``numpy.random.SeedSequence(run_seed)`` keyed by the task number, and each env's seed a child
+of the task's: streams are independent, and a run is reproducible from its seed::
+
+    task_seed(run_seed, n)      -> the seed stamped on task n (n = 1, 2, ... in dispatch order)
+    env_seeds(task_seed, k)     -> k env seeds for that task's vector env (reset(seed=list))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_BITS = 63  # seeds travel as JSON ints and through task validation: [0, 2**63)
+
+
+def _as_int(seq: np.random.SeedSequence) -> int:
+    hi, lo = (int(x) for x in seq.generate_state(2, np.uint32))
+    return ((hi << 32) | lo) & ((1 << _BITS) - 1)
+
+
+def task_seed(run_seed: int, task_number: int) -> int:
+    """The seed of task ``task_number`` of the run seeded ``run_seed`` (both >= 0).
+
+    Returns:
+        An int in [0, 2**63), a pure function of the two arguments.
+
+    Raises:
+        common.config.ConfigError: ``run_seed`` is negative (config key ``seed``).
+    """
+    if int(run_seed) < 0:
+        from common.config import ConfigError
+
+        raise ConfigError(f"config key 'seed' must be >= 0, got {run_seed}")
+    return _as_int(np.random.SeedSequence(int(run_seed), spawn_key=(int(task_number),)))
+
+
+def env_seeds(seed: int, num_envs: int) -> list[int]:
+    """``num_envs`` independent env seeds for a task seeded ``seed`` (its vector env's reset)."""
+    return [_as_int(child) for child in np.random.SeedSequence(int(seed)).spawn(int(num_envs))]

@@ -1,0 +1,97 @@
+"""Training that diverges to NaN: the learner stops at the first non-finite value, nothing
+non-finite is published or exported, the run ends with that reason, ``rqrl eval`` refuses NaN."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from common import blobstore, keys, serialization
+from common.connection import connect
+from common.finite import NonFiniteError, check_arrays
+from tests.conftest import REPO, worker_env
+
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+
+CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
+
+
+def _rqrl(*args, cwd, env, timeout=180):
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_diverging_run_stops_at_the_first_nan_and_publishes_none(tmp_path, redis_server):
+    exp = f"nan_{os.getpid()}"
+    conn = connect(redis_server.url)
+    conn.flushall()
+    env = worker_env(redis_server.url)
+    res = _rqrl("train", CONFIG, "--redis-url", redis_server.url, "--set", f"exp_name={exp}",
+                "--set", "policy.learn.learning_rate=1e12", "--set", "policy.learn.grad_clip_norm=0.0",
+                "--set", "commander.max_wall_seconds=90", "--collectors", "1", cwd=tmp_path, env=env)
+    summary = json.loads((tmp_path / exp / "summary.json").read_text())
+    reason = summary["status"]
+    assert res.returncode == 1, res.stdout + res.stderr[-3000:]
+    assert "NonFiniteError: train iter" in reason and "non-finite" in reason, reason
+    stopped_at = int(reason.split("train iter ")[1].split(":")[0])
+    # Every policy a collector could read and every checkpoint is finite and older than the NaN.
+    got = blobstore.get_versioned(conn, keys.policy(exp, summary["policy_id"]))
+    assert got is not None and int(got[0]["version"]) < stopped_at
+    check_arrays(serialization.loads(got[1]), "published policy")
+    for name in ("latest", "final", "final_model"):
+        ckpt = blobstore.get_versioned(conn, keys.ckpt(exp, name))
+        if ckpt is not None:
+            import io
+            check_arrays(torch.load(io.BytesIO(ckpt[1]), weights_only=True), name)
+    final = tmp_path / exp / "final.pt"
+    if final.exists():
+        check_arrays(torch.load(final, weights_only=True), "final.pt")
+    # One learner failure ended the run: no replacement learner retried the same divergence.
+    assert "1 tasks failed in a row" not in reason
+
+
+def test_rqrl_eval_refuses_non_finite_weights(tmp_path):
+    from common import spaces
+    from common.config import compile_config
+    from common.policy import create_policy, export
+
+    cfg = compile_config({"exp_name": "e"})
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    bundle = export.bundle(create_policy(cfg, spec, modes=("eval",), device="cpu"), 3)
+    name = sorted(bundle["weights"])[0]
+    bundle["weights"][name][0] = float("nan")
+    torch.save(bundle, tmp_path / "final.pt")
+    res = _rqrl("eval", str(tmp_path / "final.pt"), "--episodes", "1", cwd=tmp_path, env=dict(os.environ))
+    assert res.returncode == 1
+    assert f"non-finite weight {name}" in res.stderr and "refusing to evaluate" in res.stderr, res.stderr
+
+
+def test_check_train_step_names_the_iteration_and_tensor():
+    from common import spaces
+    from common.config import compile_config
+    from common.policy import create_policy
+
+    cfg = compile_config({"exp_name": "e"})
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    policy = create_policy(cfg, spec, modes=("learn",), device="cpu")
+    with pytest.raises(NonFiniteError, match="train iter 7: non-finite total_loss = nan"):
+        from common.finite import check_train_step
+        check_train_step(policy, {"total_loss": float("nan")}, 7)
+    p = next(policy.model.parameters())
+    p.grad = torch.full_like(p, float("inf"))
+    with pytest.raises(NonFiniteError, match=r"train iter 8: non-finite gradient model\.\S+ \("):
+        check_train_step(policy, {"total_loss": 1.0}, 8)
+    p.grad = None
+    with torch.no_grad():
+        p[0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"train iter 9: non-finite weight model\."):
+        check_train_step(policy, {"total_loss": 1.0}, 9)
+    check_arrays({"a": np.ones(3, np.float32), "n": {"b": [1.0, 2]}, "i": np.arange(3)}, "fine")
