@@ -114,6 +114,7 @@ class Chaos:
                 parent = next((n for n, p in self.procs.items() if p.pid == ppid), None)
             except (OSError, ValueError, IndexError):
                 parent = None
+        ckpt = self.conn.hget(keys.ckpt(self.exp, "latest"), "version") if kind == "learner" else None
         t_kill = time.monotonic()
         try:
             os.kill(pid, signal.SIGKILL)
@@ -129,6 +130,9 @@ class Chaos:
         record = {"what": what, "task_id": tid, "run_ended_first": run_ended,
                   "detect_s": None if detected is None or run_ended else round(time.monotonic() - t_kill, 2)}
         if kind == "learner":
+            # The learner's last checkpoint before the kill, read before SIGKILL: it may save another
+            # between the read and the kill, so a replacement resumes at or after this iteration.
+            record["ckpt_iter_before_kill"] = int(ckpt) if ckpt is not None else None
             record["resumed_from_iter"] = self._first_iter_after(tid)
         self.kills.append(record)
         if parent is not None:  # a supervisor restarts the worker
@@ -232,7 +236,8 @@ def render(r: dict[str, Any]) -> str:
              f"last eval {r['last_eval']}, wall {r['wall_s']} s", "",
              f"{'kill':<40} {'task':<34} {'detected after s':>16}"]
     for k in r["kills"]:
-        extra = f"  (replacement resumed at train iter {k['resumed_from_iter']})" if "resumed_from_iter" in k else ""
+        extra = (f"  (checkpoint at train iter {k['ckpt_iter_before_kill']} before the kill; replacement's first "
+                 f"report at train iter {k['resumed_from_iter']})") if "resumed_from_iter" in k else ""
         if k.get("run_ended_first"):
             extra = "  (the run converged before the task's heartbeat expired)"
         lines.append(f"{k['what']:<40} {k['task_id']:<34} {k['detect_s'] if k['detect_s'] is not None else ('-' if k.get('run_ended_first') else 'NEVER'):>16}"

@@ -78,7 +78,8 @@ def test_nstep_terminated_flushes_with_done_true():
     out = adder.add(*step_arrays(1, 1, terminated={0}))
     assert len(out) == 2
     (o0, a0, r0, n0, d0, g0), (o1, a1, r1, n1, d1, g1) = out
-    np.testing.assert_array_equal(o0, [0, 0]) and np.testing.assert_array_equal(o1, [1, 0])
+    np.testing.assert_array_equal(o0, [0, 0])
+    np.testing.assert_array_equal(o1, [1, 0])
     assert (a0, a1) == (0, 1)
     assert r0 == pytest.approx(1 + GAMMA * 2)
     assert r1 == pytest.approx(2)
@@ -241,16 +242,38 @@ def test_learn_converges_to_terminal_reward(small_cfg):
     np.testing.assert_allclose(q.numpy(), 1.0, atol=0.1)
 
 
-def test_learn_bootstraps_from_target_when_not_done(small_cfg):
-    p = make_policy(small_cfg)
-    batch = fixed_batch()
-    batch["done"][:] = False
+def set_constant_q(net, q_values):
+    """Make ``net`` output ``q_values`` for every observation: zero weights, biases set by hand."""
     with torch.no_grad():
-        nq = p.target_model(torch.as_tensor(batch["next_obs"]))
-        best = p.model(torch.as_tensor(batch["next_obs"])).argmax(1, keepdim=True)
-        expected = batch["reward"] + batch["discount"] * nq.gather(1, best).squeeze(1).numpy()
+        for t in net.parameters():
+            t.zero_()
+        q = torch.tensor(q_values, dtype=torch.float32)
+        if getattr(net, "dueling", False):  # Q = V + A - mean(A)
+            net.value.bias.fill_(float(q.mean()))
+            net.advantage.bias.copy_(q)
+        else:
+            net.head.bias.copy_(q)
+
+
+def test_learn_double_dqn_target_by_hand(small_cfg):
+    """Online and target nets disagree; the target must be r + discount * Q_target(s', argmax Q_online(s'))."""
+    p = make_policy(small_cfg, target_update_freq=1000)
+    set_constant_q(p.model, [1.0, 2.0])         # online: argmax = action 1
+    set_constant_q(p.target_model, [5.0, 3.0])  # target: max 5 (vanilla DQN), 3 at the online argmax
+    batch = {
+        "obs": np.zeros((4, 4), np.float32),
+        "action": np.array([0, 1, 0, 1], np.int64),
+        "reward": np.array([1.0, 1.0, 2.0, 0.5], np.float32),
+        "next_obs": np.ones((4, 4), np.float32),
+        "done": np.array([False, False, True, False]),
+        "discount": np.array([0.729, 0.81, 0.9, 0.9], np.float32),
+    }
     out = p.learn_mode.forward(batch)
-    assert out["target_q_value"] == pytest.approx(float(expected.mean()), rel=1e-5)
+    # Targets by hand: 1 + 0.729*3 = 3.187, 1 + 0.81*3 = 3.43, 2 (terminal), 0.5 + 0.9*3 = 3.2.
+    # (Vanilla DQN would bootstrap from 5, the online net alone from 2.)
+    assert out["target_q_value"] == pytest.approx((3.187 + 3.43 + 2.0 + 3.2) / 4, rel=1e-5)
+    assert out["q_value"] == pytest.approx(1.5)  # online Q of the taken actions: 1, 2, 1, 2
+    np.testing.assert_allclose(out["priority"], [2.187, 1.43, 1.0, 1.2], rtol=1e-5)
 
 
 def _params_equal(a, b):
