@@ -69,7 +69,9 @@ def source_line(raw: dict, json_path: Optional[Path] = None) -> str:
     where = f"[{json_path.name}](bench/{json_path.name})" if json_path else "the raw JSON"
     kind = "a **quick** run (fewer seeds, repeats and steps)" if raw["settings"]["quick"] else "a full run"
     return (f"Figures from {kind} on {raw['date']}: {m['cpus']} × {m['cpu']}, {m['mem_gib']} GiB, "
-            f"Python {m['python']}, torch {m['torch']}, {m['redis_server'].split(' sha=')[0]}; load average "
+            f"Python {m['python']}, torch {m['torch']}, {m['redis_server'].split(' sha=')[0]}"
+            + (f" (coordinator bench: {m['redis_server_coordinator_bench'].split(' sha=')[0]})"
+               if m.get("redis_server_coordinator_bench") else "") + "; load average "
             f"{m['loadavg_at_start'][0]:.2f} at start, {m.get('loadavg_at_end', [0])[0]:.2f} at end. Command: "
             f"`{raw['command']}` at commit `{raw['git_commit'][:10]}`{' (uncommitted changes)' if raw['git_dirty'] else ''}. "
             f"Raw output: {where}.")

@@ -58,7 +58,15 @@ def machine() -> dict[str, Any]:
             "mem_gib": round(int(mem) / 2**20, 1) if mem else None, "python": platform.python_version(),
             "torch": torch.__version__, "numpy": numpy.__version__, "redis_py": redis.__version__,
             "rq": rq.__version__, "redis_server": _cmd([find_redis_server() or "redis-server", "--version"]),
+            "redis_server_coordinator_bench": _redis7_version(),
             "loadavg_at_start": list(os.getloadavg())}
+
+
+def _redis7_version() -> str:
+    try:
+        return _cmd([bench_coordinator.redis7_server(), "--version"])
+    except RuntimeError as e:
+        return str(e)
 
 
 def _part(r: dict, errors: dict, name: str, fn: Callable[[], Any]) -> None:

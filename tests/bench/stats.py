@@ -42,7 +42,7 @@ def fmt(fig: Optional[dict[str, Any]], unit: str = "") -> str:
     """``median (min–max, n=N)`` for a table cell; a single repeat shows just the value."""
     if not fig or fig.get("median") is None:
         return "-"
-    u = f" {unit}" if unit else ""
+    u = unit if unit == "×" else f" {unit}" if unit else ""
     if fig["n"] == 1:
         return f"{fig['median']:g}{u} (n=1)"
     return f"{fig['median']:g}{u} ({fig['min']:g}–{fig['max']:g}, n={fig['n']})"
