@@ -150,10 +150,11 @@ def detail_tables(raw: dict) -> str:
                 f"{fmt(x['publish_cost_share_at_freq'])} |", ""]
     if "coordinator" in r:
         out += ["### Coordinator scale", "",
-                "| simulated collectors | sent events/s | handled events/s | backlog start → end | saturated | "
-                "dispatch p50 ms | dispatch p99 ms | Redis CPU | burst events/s |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        out += [f"| {x['sims']} | {x['sent_events_per_s']} | {x['handled_events_per_s']} | {x['backlog_start']} → "
+                "| simulated collectors | offered events/s | sent events/s | handled events/s | backlog start → end | "
+                "saturated | dispatch p50 ms | dispatch p99 ms | Redis CPU | burst events/s |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {x['sims']} | {x.get('offered_events_per_s', '-')} | {x['sent_events_per_s']} | "
+                f"{x['handled_events_per_s']} | {x['backlog_start']} → "
                 f"{x['backlog_end']} | {'yes' if x['saturated'] else 'no'} | {x['dispatch_p50_ms']} | {x['dispatch_p99_ms']} | "
                 f"{x['redis_cpu_share']:.1%} | {x['burst_events_per_s']} |" for x in r["coordinator"]]
         out.append("")
