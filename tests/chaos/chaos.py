@@ -3,10 +3,10 @@
     python -m tests.chaos.chaos --seed 0 --collector-kills 3 [--duration 240] [--stop-value 195]
 
 Processes (all real): a private redis-server, ``python -m coordinator``, ``rq worker
-collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs:
-random collector tasks (the work-horse, or the horse and its ``rq worker`` parent), the learner's
-work-horse once, and the coordinator once (restarted with the same command, as a supervisor
-would). Killed worker parents are restarted too. At the end it prints one table: per kill, the
+collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs: the learner's
+work-horse once (first, once a checkpoint exists), then in seeded order random collector tasks
+(the work-horse, or the horse and its ``rq worker`` parent) and the coordinator once (restarted
+with the same command, as a supervisor would). Killed worker parents are restarted too. At the end it prints one table: per kill, the
 seconds until the coordinator declared the task dead (its record left ``rqrl:{exp}:tasks``) or,
 for the coordinator, until the restarted one resumed; then the chunk accounting of the buffer
 (produced = consumed + expired + corrupt + malformed + unconsumed, duplicates).
@@ -173,8 +173,11 @@ class Chaos:
         self._worker("learner", keys.LEARNER_QUEUE)
         for i in range(self.n_collectors):
             self._worker(f"collector{i}", keys.COLLECTOR_QUEUE)
-        plan = ["collector"] * self.collector_kills + ["learner", "coordinator"]
-        self.rng.shuffle(plan)
+        # The learner goes first, right after its first checkpoint: killed later, the run may converge
+        # before its death is detected, and its resume would go unchecked. The rest in seeded order.
+        rest = ["collector"] * self.collector_kills + ["coordinator"]
+        self.rng.shuffle(rest)
+        plan = ["learner", *rest]
         try:
             self._wait(lambda: self.train_iter() >= 200, 120)  # a checkpoint exists before any kill
             for step in plan:

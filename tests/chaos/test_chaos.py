@@ -21,6 +21,7 @@ def test_chaos_run_converges_detects_every_kill_and_loses_nothing(tmp_path, redi
     assert sum(w.startswith("collector") for w in whats) >= 1, whats
     detected = [k for k in r["kills"] if not k.get("run_ended_first")]
     assert any(k["what"].startswith("collector") for k in detected), r["kills"]
+    assert any("resumed_from_iter" in k for k in detected), f"no learner kill was detected and checked: {r['kills']}"
     for k in detected:
         # Detection time is a figure of the chaos table (a benchmark); the test only needs each
         # death detected within the harness's 30 s window.
