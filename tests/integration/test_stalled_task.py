@@ -78,7 +78,6 @@ def test_stalled_collector_is_fenced_after_being_declared_dead(real_redis, redis
         tid, buf = found
         pid = next(int(e["pid"]) for e in events(conn, exp) if e["type"] == "started" and e["task_id"] == tid)
         os.kill(pid, signal.SIGSTOP)
-        t_stop = time.monotonic()
         declared = wait_for(lambda: not conn.hexists(keys.tasks(exp), tid), 30)
         assert declared, f"the coordinator never declared stalled task {tid} dead"
         assert not conn.exists(keys.lease(exp, tid)), "the dead task's lease was not revoked"
@@ -96,7 +95,6 @@ def test_stalled_collector_is_fenced_after_being_declared_dead(real_redis, redis
         # The replacement still delivers.
         new_tid = replacement[0]["task_id"]
         assert wait_for(lambda: chunks_of(conn, exp, buf, new_tid) > 0, 30), "the replacement sent nothing"
-        assert time.monotonic() - t_stop < 120
     finally:
         if pid is not None:
             try:

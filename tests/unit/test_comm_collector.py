@@ -109,7 +109,7 @@ def test_wait_for_learner_ends_at_the_stop_flag(real_redis):
     later(0.3, real_redis.set, keys.stop(EXP), "converged")
     t0 = time.monotonic()
     comm.flush(max_wait_s=10)
-    assert time.monotonic() - t0 < 2.0  # the stop flag is re-read at least every 0.5 s
+    assert time.monotonic() - t0 < 3.0  # the stop flag is re-read at least every 0.5 s (10 s if never)
     assert comm.stop_flag is True
 
 
@@ -120,7 +120,7 @@ def test_wait_for_learner_gives_up_after_max_wait(real_redis):
     t0 = time.monotonic()
     assert comm.flush(max_wait_s=0.8) is True  # the held version (none) is older than 1
     waited = time.monotonic() - t0
-    assert 0.7 < waited < 2.0, waited
+    assert 0.7 < waited < 3.0, waited
     assert comm.stop_flag is False
 
 
@@ -131,7 +131,7 @@ def test_no_wait_when_stop_flag_already_set(real_redis):
     stage(comm, "c_1")
     t0 = time.monotonic()
     comm.flush(max_wait_s=10)
-    assert time.monotonic() - t0 < 0.5 and comm.stop_flag
+    assert time.monotonic() - t0 < 2.0 and comm.stop_flag  # no wait (10 s if it waited)
 
 
 def test_wait_for_policy_returns_at_first_publication(real_redis):
@@ -139,7 +139,7 @@ def test_wait_for_policy_returns_at_first_publication(real_redis):
     later(0.3, publish, real_redis, 0, 100)
     t0 = time.monotonic()
     comm.wait_for_policy(timeout_s=10)
-    assert 0.2 < time.monotonic() - t0 < 2.0
+    assert 0.2 < time.monotonic() - t0 < 3.0
     assert comm.get_policy_update_info()["w"].tolist() == WEIGHTS["w"].tolist()
     assert comm.policy_version == 0
     comm.close()
@@ -150,7 +150,7 @@ def test_wait_for_policy_returns_at_stop_flag(real_redis):
     later(0.3, real_redis.set, keys.stop(EXP), "cancelled")
     t0 = time.monotonic()
     comm.wait_for_policy(timeout_s=10)
-    assert time.monotonic() - t0 < 2.0 and comm.stop_flag is True
+    assert time.monotonic() - t0 < 3.0 and comm.stop_flag is True
 
 
 def test_wait_for_policy_times_out_naming_the_key(real_redis):
@@ -158,4 +158,4 @@ def test_wait_for_policy_times_out_naming_the_key(real_redis):
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=keys.policy(EXP, POL)):
         comm.wait_for_policy(timeout_s=0.7)
-    assert 0.6 < time.monotonic() - t0 < 2.0
+    assert 0.6 < time.monotonic() - t0 < 3.0

@@ -63,7 +63,7 @@ class Call:
         except BaseException as e:
             self.error = e
 
-    def returned(self, within=1.0):
+    def returned(self, within=3.0):
         self._t.join(within)
         return not self._t.is_alive()
 
@@ -82,7 +82,7 @@ def test_no_batch_before_replay_start_size(fake_redis, cfg):
     assert not call.returned(0.6)
     buf.extend(rows(1))
     feeder.notify()
-    assert call.returned(1.0) and call.result["obs"].shape == (BATCH, 4)
+    assert call.returned() and call.result["obs"].shape == (BATCH, 4)
 
 
 @pytest.mark.parametrize("train_iter, env_steps, allowed", [
@@ -98,7 +98,7 @@ def test_ratio_ok(fake_redis, cfg, train_iter, env_steps, allowed):
     learner.train_iter = train_iter
     feeder.reader.env_steps = env_steps
     call = Call(feeder)
-    assert call.returned(0.6) is allowed
+    assert call.returned(3.0 if allowed else 0.6) is allowed
     assert learner.collector_envstep == env_steps
     if allowed:
         assert call.result["reward"].shape == (BATCH,)
@@ -115,7 +115,7 @@ def test_waiting_trainer_wakes_when_env_steps_arrive(fake_redis, cfg):
     assert not call.returned(0.6)
     feeder.reader.env_steps = 66
     feeder.notify()
-    assert call.returned(1.0) and call.result is not None
+    assert call.returned() and call.result is not None
 
 
 def test_envstep_limit(fake_redis, cfg):
@@ -132,7 +132,7 @@ def test_envstep_limit_without_ratio_is_unbounded(fake_redis, cfg):
     feeder, learner, _ = make(fake_redis, cfg)
     assert feeder.envstep_limit(10_000) >= 2**62
     learner.train_iter = 10_000
-    assert Call(feeder).returned(1.0)  # no ratio: only replay_start_size gates
+    assert Call(feeder).returned()  # no ratio: only replay_start_size gates
 
 
 def test_resume_counts_from_checkpoint_iter_and_durable_env_steps(fake_redis, cfg):
@@ -147,10 +147,10 @@ def test_resume_counts_from_checkpoint_iter_and_durable_env_steps(fake_redis, cf
     # 10 env steps since the resume justify 5 iterations past train_iter 500.
     feeder.reader.env_steps = 10
     feeder.notify()
-    assert call.returned(1.0) and call.result is not None
+    assert call.returned() and call.result is not None
     assert learner.collector_envstep == 1010
     learner.train_iter = 504
-    assert Call(feeder).returned(1.0)
+    assert Call(feeder).returned()
     learner.train_iter = 505
     call = Call(feeder)
     assert not call.returned(0.6)
@@ -161,5 +161,5 @@ def test_reader_error_is_raised(fake_redis, cfg):
     feeder, _, _ = make(fake_redis, cfg)
     feeder.reader.error = ConnectionError("boom")
     call = Call(feeder)
-    assert call.returned(1.0)
+    assert call.returned()
     assert isinstance(call.error, RuntimeError) and "boom" in str(call.error)
