@@ -250,6 +250,18 @@ def _validate(cfg: dict) -> None:
         if not ok:
             raise ConfigError(f"config key 'policy.model.{key}' must be unset (read from the env), a positive int "
                               f"or a list of them, got {v!r}")
+    rb = cfg["policy"].get("other", {}).get("replay_buffer", {})
+    if not rb.get("priority_eps", 1.0) > 0:
+        raise ConfigError(f"config key 'policy.other.replay_buffer.priority_eps' must be > 0 (no transition's "
+                          f"probability may reach 0), got {rb.get('priority_eps')!r}")
+    create = cfg.get("create") or {}
+    if rb.get("priority") and create:
+        from common.policy import get_algorithm
+
+        algo = get_algorithm(create["policy"]["type"])
+        if algo.data_source != "replay":
+            raise ConfigError(f"config key 'policy.other.replay_buffer.priority' is True but {algo.name!r} learns from "
+                              f"{algo.data_source} data, not from a replay buffer")
     if cfg["env"]["manager"]["type"] not in ("sync", "async"):
         raise ConfigError(f"config key 'env.manager.type' must be 'sync' or 'async', got {cfg['env']['manager']['type']!r}")
 

@@ -6,7 +6,7 @@ Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
     rqrl:{exp}:events                        stream: worker events -> coordinator (trimmed by the coordinator, only what it read)
     rqrl:{exp}:evals                         list: one JSON eval result per eval task of the run (never capped)
     rqrl:{exp}:buffer:{buffer_id}:meta       stream: one entry per step-data chunk
-    rqrl:{exp}:data:{data_id}                string (msgpack), with a TTL
+    rqrl:{exp}:data:{data_id}                string (msgpack), with a TTL; emptied (tombstone) once consumed
     rqrl:{exp}:policy:{policy_id}            hash: version, train_iter, n_chunks, chunk:<i>
     rqrl:{exp}:ckpt:{name}                   hash: same layout as a policy, torch checkpoint bytes
     rqrl:{exp}:policy:{policy_id}:updates    pub/sub channel: "<version> <envstep_limit>" per publication
@@ -15,7 +15,7 @@ Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
     rqrl:{exp}:stop                          string: why the run stopped; absent while running
     rqrl:{exp}:run                           string: id of the current run (tasks of older runs exit)
     rqrl:{exp}:coordinator                   string with a TTL: the live coordinator's name
-    rqrl:{exp}:buffer:{buffer_id}:stats      hash: produced / consumed / expired / corrupt / malformed / duplicate chunks, env steps
+    rqrl:{exp}:buffer:{buffer_id}:stats      hash: produced / resent / consumed / expired / corrupt / malformed / duplicate chunks, env steps
     rqrl:{exp}:tasks                         hash: task_id -> task record (JSON) of the coordinator's running tasks
     rqrl:{exp}:task:{task_id}:lease          string: present while the task may write (revoked when declared dead)
     rqrl:{exp}:task:{task_id}:heartbeat      string with a TTL, refreshed by a running task

@@ -15,17 +15,25 @@ import redis
 # KEYS: lease, data, meta stream, envstep counter, buffer stats, policy hash, stop
 # ARGV: payload, ttl_s, maxlen, env_steps, field1, value1, ...
 # -> {1, counter, policy version|nil, envstep_limit|nil, stop, policy error|''} or {0} when the lease is gone.
-#    The policy is read with pcall: a key of the wrong type there must not fail the chunk (whose
-#    writes a script error would leave half done); the error comes back for the caller to report.
+# Idempotent by data key: the blob is SET NX, and a call whose data key already exists (a retry
+# after a lost reply; the learner leaves an empty tombstone there until the TTL) adds no stream
+# entry and no env steps, and is counted as `resent`.
+# The policy is read with pcall: a key of the wrong type there must not fail the chunk (whose
+# writes a script error would leave half done); the error comes back for the caller to report.
 _SEND_CHUNK = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
-local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(fields))
-local counter = redis.call('INCRBY', KEYS[4], ARGV[4])
-redis.call('HINCRBY', KEYS[5], 'produced', 1)
-redis.call('HINCRBY', KEYS[5], 'produced_env_steps', ARGV[4])
+local counter
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  local fields = {}
+  for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(fields))
+  counter = redis.call('INCRBY', KEYS[4], ARGV[4])
+  redis.call('HINCRBY', KEYS[5], 'produced', 1)
+  redis.call('HINCRBY', KEYS[5], 'produced_env_steps', ARGV[4])
+else
+  counter = tonumber(redis.call('GET', KEYS[4]) or '0')
+  redis.call('HINCRBY', KEYS[5], 'resent', 1)
+end
 local pol = redis.pcall('HMGET', KEYS[6], 'version', 'envstep_limit')
 if pol.err then return {1, counter, false, false, redis.call('EXISTS', KEYS[7]), pol.err} end
 return {1, counter, pol[1], pol[2], redis.call('EXISTS', KEYS[7]), ''}
@@ -33,21 +41,30 @@ return {1, counter, pol[1], pol[2], redis.call('EXISTS', KEYS[7]), ''}
 
 # KEYS: lease, meta stream, buffer stats
 # ARGV: group, then per entry: id, data key ('' for none), env_steps, status
-# -> per entry 1 (first ack: counted under status) or 0 (already acked: counted as duplicate);
-#    or {-1} when the lease is gone
+# -> per entry 1 (first ack: counted under status) or 0 (a duplicate: counted as `duplicate`);
+#    or {-1} when the lease is gone.
+# An entry is a duplicate when its id was acked already (a re-delivery) or when its chunk was
+# consumed under another entry: a consumed blob is replaced by an empty tombstone that keeps
+# the blob's TTL, so a second entry with the same data_id finds it (status 'duplicate' from the
+# reader, or 'consumed' when both copies are in one batch).
 _ACK_CHUNKS = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
 local out = {}
 for i = 2, #ARGV, 4 do
   local acked = redis.call('XACK', KEYS[2], ARGV[1], ARGV[i])
-  if acked == 1 then
-    if ARGV[i + 1] ~= '' then redis.call('DEL', ARGV[i + 1]) end
-    redis.call('HINCRBY', KEYS[3], ARGV[i + 3], 1)
-    if ARGV[i + 3] == 'consumed' then redis.call('HINCRBY', KEYS[3], 'env_steps', ARGV[i + 2]) end
+  local key, status = ARGV[i + 1], ARGV[i + 3]
+  if acked == 1 and status == 'consumed' and redis.call('EXISTS', key) == 1 and redis.call('STRLEN', key) == 0 then
+    status = 'duplicate'
+  end
+  if acked == 1 and status ~= 'duplicate' then
+    if key ~= '' and redis.call('EXISTS', key) == 1 then redis.call('SET', key, '', 'KEEPTTL') end
+    redis.call('HINCRBY', KEYS[3], status, 1)
+    if status == 'consumed' then redis.call('HINCRBY', KEYS[3], 'env_steps', ARGV[i + 2]) end
+    out[#out + 1] = 1
   else
     redis.call('HINCRBY', KEYS[3], 'duplicate', 1)
+    out[#out + 1] = 0
   end
-  out[#out + 1] = acked
 end
 return out
 """

@@ -1,7 +1,7 @@
 """Learning curves: eval reward against env steps and against wall time, as a PNG.
 
 * :func:`plot_curve` draws a list of eval points (what the coordinator keeps, or what
-  :func:`evals_from_events` rebuilds from Redis);
+  :func:`evals_from_events` rebuilds from Redis) with :func:`build_figure` and saves it;
 * ``rqrl curve --exp NAME`` draws the curve of a run from ``rqrl:{exp}:evals`` (every eval result,
   never capped; the coordinator also writes them to ``./{exp}/evals.jsonl``), or for a run
   without that list from its ``rqrl:{exp}:events`` stream, saying so when that stream was trimmed.
@@ -53,15 +53,32 @@ def plot_curve(evals: list[dict[str, Any]], stop_value: Optional[float], path: s
     """Draw eval ``reward_mean`` (± ``reward_std`` band) against env steps and wall time; save a PNG.
 
     Args:
-        evals: eval points (see module docstring), in any order; an empty list draws empty axes
-            with a "no evaluations" note.
-        stop_value: drawn as a dashed horizontal line on both plots (``None``: no line).
+        evals, stop_value, t0, title: as :func:`build_figure`.
         path: the PNG to write (parent folders are created).
-        t0: unix seconds where the wall-time axis starts (default: the first eval's ``time``).
-        title: figure title (default ``"eval reward"``).
 
     Returns:
         ``Path(path)``.
+
+    Raises:
+        ValueError: a point lacks a field or has a non-numeric one (names the point and field).
+    """
+    fig = build_figure(evals, stop_value, t0=t0, title=title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def build_figure(evals: list[dict[str, Any]], stop_value: Optional[float], t0: Optional[float] = None,
+                 title: Optional[str] = None) -> Any:
+    """The curve as a matplotlib ``Figure`` (1200x450 px; axes: env steps, wall time), not saved.
+
+    Args:
+        evals: eval points (see module docstring), in any order; an empty list draws empty axes
+            with a "no evaluations" note.
+        stop_value: drawn as a dashed horizontal line on both plots (``None``: no line).
+        t0: unix seconds where the wall-time axis starts (default: the first eval's ``time``).
+        title: figure title (default ``"eval reward"``).
 
     Raises:
         ValueError: a point lacks a field or has a non-numeric one (names the point and field).
@@ -70,9 +87,6 @@ def plot_curve(evals: list[dict[str, Any]], stop_value: Optional[float], path: s
     from matplotlib.figure import Figure
 
     points = _clean(evals)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-
     fig = Figure(figsize=(12, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax_step, ax_time = fig.subplots(1, 2)
@@ -105,8 +119,7 @@ def plot_curve(evals: list[dict[str, Any]], stop_value: Optional[float], path: s
     best = f", best {max(mean):g}" if mean else ""
     fig.suptitle(f"{title or 'eval reward'} ({len(points)} evals{best})")
     fig.tight_layout()
-    fig.savefig(path, format="png")
-    return path
+    return fig
 
 
 def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[str, Any]], Optional[float]]:

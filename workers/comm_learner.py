@@ -3,9 +3,11 @@
 The reader consumes ``rqrl:{exp}:buffer:{buffer_id}:meta`` through consumer group ``learner``
 (XREADGROUP BLOCK; at start it first claims, with XAUTOCLAIM, entries a dead learner read but
 never acked), fetches the blobs of each batch with one MGET, then acks them in one Lua script
-that also deletes the blobs and counts each entry once in ``rqrl:{exp}:buffer:{id}:stats``.
-Only entries whose XACK succeeded there — a first delivery — are inserted in the replay
-buffer, so a re-delivered entry can never be inserted or counted twice. A blob that expired,
+that also empties the blobs (an empty tombstone keeps each blob's TTL) and counts each entry
+once in ``rqrl:{exp}:buffer:{id}:stats``. Only entries whose XACK succeeded there and whose
+chunk was not consumed before — a first delivery of a new ``data_id`` — are inserted in the
+replay buffer, so neither a re-delivered entry nor a second entry for one chunk (a collector's
+retried send) can be inserted or counted twice. A blob that expired,
 fails to decode or has the wrong layout is logged with its key, counted, and acked.
 """
 
@@ -148,6 +150,9 @@ class BufferReader(threading.Thread):
             if blob is None:
                 self._logger.warning("step data %s expired before it was consumed", key)
                 plan.append((entry_id, key, env_steps, "expired"))
+                continue
+            if blob == b"":  # the tombstone of a chunk consumed under another entry
+                plan.append((entry_id, key, env_steps, "duplicate"))
                 continue
             try:
                 chunk = serialization.loads(blob, what=key)

@@ -146,8 +146,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def __init__(self, capacity: int, schema: dict[str, tuple[tuple[int, ...], np.dtype]], alpha: float = 0.6,
                  beta: float = 0.4, beta_anneal_iters: int = 0, eps: float = 1e-6) -> None:
         super().__init__(capacity, schema)
-        if alpha < 0 or not 0 <= beta <= 1:
-            raise ValueError(f"priority_alpha must be >= 0 and priority_beta in [0, 1], got {alpha}, {beta}")
+        if alpha < 0 or not 0 <= beta <= 1 or not eps > 0:
+            raise ValueError(f"priority_alpha must be >= 0, priority_beta in [0, 1] and priority_eps > 0, "
+                             f"got {alpha}, {beta}, {eps}")
         self.alpha, self.beta0, self.anneal, self.eps = float(alpha), float(beta), int(beta_anneal_iters), float(eps)
         self._tree = SumTree(capacity)
         self._max_priority = 1.0  # in |delta| units, before the exponent

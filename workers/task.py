@@ -14,6 +14,7 @@ from easydict import EasyDict
 
 from common import keys, lease
 from common.config import ConfigError, compile_config
+from common.policy import algorithm_of
 from common.connection import connect
 
 _REQUIRED = {
@@ -21,7 +22,7 @@ _REQUIRED = {
     "learner": ("task_id", "exp_name", "run_id", "buffer_id", "policy_id", "config"),
 }
 _OPTIONAL = {
-    "collector": ("task_type", "envstep", "seed", "redis_url"),
+    "collector": ("task_type", "envstep", "seed", "redis_url", "eval_policy_key", "eval_episodes"),
     "learner": ("task_type", "resume", "seed", "redis_url"),
 }
 _MAX_ID_LEN = 200
@@ -81,10 +82,18 @@ def _check_fields(task: dict, kind: str, tid: str) -> None:
         if not isinstance(cs, dict):
             raise TaskError(f"task {tid}: field 'collect_setting' is {type(cs).__name__}, must be a dict of numbers")
         for k, v in cs.items():
-            if not isinstance(k, str) or not _is_real(v):
-                raise TaskError(f"task {tid}: field 'collect_setting.{k}' = {v!r:.80} must be a finite number")
-        if "eps" in cs and not 0.0 <= cs["eps"] <= 1.0:
-            raise TaskError(f"task {tid}: field 'collect_setting.eps' = {cs['eps']!r} must be in [0, 1]")
+            if not isinstance(k, str) or not (_is_real(v) or isinstance(v, bool)):
+                raise TaskError(f"task {tid}: field 'collect_setting.{k}' = {v!r:.80} must be a finite number or a bool")
+        # What each setting means is the algorithm's business (its policy reads them); here only their form.
+        if "eval_policy_key" in task:
+            key = task["eval_policy_key"]
+            if not (isinstance(key, str) and key.startswith(keys.exp_prefix(task["exp_name"]) + ":task:")
+                    and key.endswith(":evaluated")):
+                raise bad("eval_policy_key", "must be the key of an evaluated policy of this experiment")
+            if not task["eval_flag"]:
+                raise bad("eval_policy_key", "is only for eval tasks (eval_flag true)")
+        if "eval_episodes" in task and not (_is_int(task["eval_episodes"]) and 1 <= task["eval_episodes"] <= 10_000):
+            raise bad("eval_episodes", "must be an integer in [1, 10000]")
     if not isinstance(task["config"], dict):
         raise bad("config", f"is {type(task['config']).__name__}, must be a dict")
 
@@ -119,6 +128,11 @@ def validate_task(task: Any, kind: str) -> EasyDict:
     if compiled.exp_name != task["exp_name"]:
         raise TaskError(f"task {tid}: field 'exp_name' = {task['exp_name']!r} differs from config.exp_name "
                         f"{compiled.exp_name!r}")
+    if kind == "collector":
+        try:  # what the settings mean is the algorithm's to check
+            algorithm_of(compiled).check_setting(task["collect_setting"])
+        except ValueError as e:
+            raise TaskError(f"task {tid}: field 'collect_setting': {e}") from None
     return compiled
 
 

@@ -58,6 +58,8 @@ class Algorithm:
         collect_setting: ``(cfg.policy, info) -> dict`` handed to each collector task, e.g.
             ``{"eps": 0.42}``; ``info`` has ``envstep`` (env steps), ``train_iter`` and
             ``collectors`` (collector tasks allowed at once). Plain JSON values only.
+        check_setting: ``(setting) -> None``; raises ValueError naming a bad key of a collect
+            setting (a hand-enqueued task is refused before it runs).
     """
 
     name: str
@@ -65,6 +67,7 @@ class Algorithm:
     policy_class: str
     config: dict[str, Any] = field(default_factory=dict)
     collect_setting: Callable[[EasyDict, dict[str, Any]], dict[str, Any]] = lambda cfg, info: {}
+    check_setting: Callable[[dict[str, Any]], None] = lambda setting: None
 
     def __post_init__(self) -> None:
         if self.data_source not in DATA_SOURCES:

@@ -1,9 +1,10 @@
 """Component benchmarks: collector, transport, policy propagation, per-task overhead, learner.
 
-    python -m tests.bench.bench_components [--quick] [--json out.json]
+    python -m tests.bench.bench_components [--quick] [--repeats N] [--only PART ...] [--json out.json]
 
-Everything runs against a private redis-server started here. Each figure is the median of
-``--repeats`` runs; every comparison is a ratio measured in the same process, back to back.
+Everything runs against a private redis-server started here. Every figure keeps all its
+repeats (min / median / max and the values, see tests/bench/stats.py); every ratio is taken
+per repeat from two measurements made back to back in the same process.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,22 +26,39 @@ from common import keys, serialization
 from common.config import compile_config
 from common.connection import connect
 from common.embedded_redis import EmbeddedRedis
+from common import spaces
 from common.policy import create_policy
-from common.policy.dqn import transition_schema
 from coordinator.commander import SoloCommander
 from workers.collector import ChunkBuilder, Collector
 from workers.comm_collector import RedisCommCollector
 from workers.comm_learner import BufferReader, publish_policy
 from workers.envs import make_vector_env, true_next_obs
 from workers.replay_buffer import ReplayBuffer
-from workers.task import grant_lease
+from tests.bench.stats import spread
+from common.lease import grant as grant_lease
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = transition_schema(4)
+SCHEMA = {"obs": ((4,), np.dtype(np.float32)), "action": ((), np.dtype(np.int64)), "reward": ((), np.dtype(np.float32)),
+          "next_obs": ((4,), np.dtype(np.float32)), "done": ((), np.dtype(np.bool_)), "discount": ((), np.dtype(np.float32))}
 
 
-def median_of(fn: Callable[[], float], repeats: int) -> float:
-    return statistics.median(fn() for _ in range(repeats))
+def make_policy(cfg, modes=("learn",)):
+    """The config's policy for its env (shapes read from the env, as a learner does)."""
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    return create_policy(cfg, spec, modes=modes, device="cpu")
+
+
+DEFAULT_CFG = compile_config({"exp_name": "bench"})
+
+
+def pairs(a, b, repeats: int) -> tuple[list[float], list[float], list[float]]:
+    """``repeats`` back-to-back measurements of ``a`` and ``b``: (a values, b values, a/b per repeat)."""
+    xs, ys = [], []
+    for _ in range(repeats):
+        xs.append(a())
+        ys.append(b())
+    return xs, ys, [x / y for x, y in zip(xs, ys)]
 
 
 class Bench:
@@ -61,7 +79,7 @@ class Bench:
         self.conn.set(keys.run(cfg.exp_name), "bench")
         commander.get_learner_task()
         if eval_flag:
-            commander.update_learner_info("l", {"learner_step": 1})
+            commander.update_learner_info("l", {"train_iter": 1})
         task = commander.get_collector_task()
         grant_lease(self.conn, cfg.exp_name, task["task_id"], 3600)
         return task
@@ -70,11 +88,11 @@ class Bench:
     def collector_throughput(self) -> dict[str, Any]:
         steps = 4000 if self.quick else 20000
         cfg = compile_config({"exp_name": "bench", "policy": {"collect": {"collector": {"task_env_steps": steps}}}})
-        policy = create_policy(cfg, enable_field=("learn",))
+        policy = make_policy(cfg)
 
         def real() -> float:
             task = self._task(cfg)
-            publish_policy(self.conn, "bench", task["policy_id"], policy.publishable_state(), 0, 2**62)
+            publish_policy(self.conn, "bench", task["policy_id"], policy.get_weights(), 0, 2**62)
             comm = RedisCommCollector(self.conn, task, 600)
             c = Collector(cfg, task, comm)
             t0 = time.perf_counter()
@@ -83,41 +101,36 @@ class Bench:
 
         def bare() -> float:
             # The same vector env, policy net, batch and n-step packing, with no Redis at all.
-            p = create_policy(cfg, enable_field=("collect", "eval"), device="cpu")
+            p = make_policy(cfg, ("collect",))
             env = make_vector_env("CartPole-v1", cfg.env.collector_env_num)
             rng = np.random.default_rng(0)
-            adder = p.make_adder(cfg.env.collector_env_num)
-            chunk = ChunkBuilder(cfg.policy.collect.n_sample, 4)
+            adder = p.make_adder(cfg.env.collector_env_num, {"eps": 0.5})
+            chunk = ChunkBuilder(cfg.policy.collect.n_sample)
             obs, _ = env.reset(seed=0)
             n = 0
             t0 = time.perf_counter()
             while n < steps:
-                a = p.act(obs, 0.5, rng)
+                a, record = p.act(obs, {"eps": 0.5}, rng)
                 nxt, r, te, tr, info = env.step(a)
-                real_next = true_next_obs(nxt, te | tr, info)
-                for row in adder.add(obs, a, r, real_next, te, tr):
-                    if chunk.add(row):
-                        serialization.dumps(chunk.take())
+                real_next = true_next_obs(nxt, te | tr, info, p.spec)
+                if chunk.add(adder.add(obs, record, r, real_next, te, tr), 0):
+                    serialization.dumps(chunk.take())
                 obs = nxt
                 n += cfg.env.collector_env_num
             env.close()
             return n / (time.perf_counter() - t0)
 
-        r, b = median_of(real, self.repeats), median_of(bare, self.repeats)
-        return {"collector_env_steps_per_s": round(r), "bare_loop_env_steps_per_s": round(b),
-                "collector_vs_bare": round(r / b, 3)}
+        r, b, ratio = pairs(real, bare, self.repeats)
+        return {"env_steps_per_task": steps, "collector_env_steps_per_s": spread(r, 0),
+                "bare_loop_env_steps_per_s": spread(b, 0), "collector_vs_bare": spread(ratio)}
 
     # ------------------------------------------------------------------ transport
     def transport(self) -> dict[str, Any]:
         """Step data through the blob store + stream (send, consume, ack) vs raw SET/MGET of the same
-        bytes, for 64-row chunks (the CartPole default's size class) and bigger ones."""
-        out: dict[str, Any] = {}
-        for rows, n_chunks in ((64, 200 if self.quick else 1000), (1024, 100 if self.quick else 300),
-                               (16384, 20 if self.quick else 60)):
-            r = self._transport(rows, n_chunks)
-            key = "" if rows == 64 else f"_{rows}_rows"
-            out.update({f"{k}{key}": v for k, v in r.items()})
-        return out
+        bytes, for chunks of the default ``policy.collect.n_sample`` rows and bigger ones."""
+        default = int(DEFAULT_CFG.policy.collect.n_sample)
+        return {str(rows): self._transport(rows, n_chunks) for rows, n_chunks in (
+            (default, 200 if self.quick else 1000), (1024, 100 if self.quick else 300), (16384, 20 if self.quick else 60))}
 
     def _transport(self, rows: int, n_chunks: int) -> dict[str, Any]:
         cfg = compile_config({"exp_name": "bench"})
@@ -145,7 +158,7 @@ class Bench:
             t0 = time.perf_counter()
             for i in range(n_chunks):
                 comm.send_stepdata(f"d{i}", chunk)
-                comm.send_metadata({"data_id": f"d{i}", "policy_iter": 0, "n_samples": rows, "env_steps": rows})
+                comm.send_metadata({"data_id": f"d{i}", "policy_version": 0, "n_samples": rows, "env_steps": rows})
                 comm.flush()
             got = 0
             while got < n_chunks:
@@ -171,41 +184,91 @@ class Bench:
                 self.conn.mget([f"raw:{i}" for i in range(start, min(n_chunks, start + 64))])
             return n_chunks * nbytes / (time.perf_counter() - t0) / 1e6
 
-        r = median_of(lambda: rqrl(False), self.repeats)
-        e2e = median_of(lambda: rqrl(True), self.repeats)
-        w = median_of(raw, self.repeats)
-        return {"chunk_bytes": nbytes, "transport_MB_per_s": round(r, 2), "raw_redis_MB_per_s": round(w, 2),
-                "transport_vs_raw": round(r / w, 3), "into_replay_buffer_MB_per_s": round(e2e, 2)}
+        r, w, ratio = pairs(lambda: rqrl(False), raw, self.repeats)
+        e2e = [rqrl(True) for _ in range(self.repeats)]
+        return {"rows": rows, "chunks": n_chunks, "chunk_bytes": nbytes, "transport_MB_per_s": spread(r, 2),
+                "raw_redis_MB_per_s": spread(w, 2), "transport_vs_raw": spread(ratio),
+                "into_replay_buffer_MB_per_s": spread(e2e, 2)}
 
     # ------------------------------------------------------------------ policy propagation
     def propagation(self) -> dict[str, Any]:
-        cfg = compile_config({"exp_name": "bench", "policy": {"collect": {"collector": {
-            "task_env_steps": 4000 if self.quick else 16000}}}})
-        policy = create_policy(cfg, enable_field=("learn",))
-        task = self._task(cfg)
-        publish_policy(self.conn, "bench", task["policy_id"], policy.publishable_state(), 0, 2**62)
-        stop = threading.Event()
+        """For each version v a learner publishes, the time from its publication to the first action
+        a real collector task takes with a version >= v.
 
-        def learner() -> None:  # publishes like a learner at ~200 train iterations/s
-            it = 0
-            while not stop.wait(0.005):
-                it += 1
-                publish_policy(self.conn, "bench", task["policy_id"], policy.publishable_state(), it, 2**62)
+        The publisher is a real learning loop (DQN updates on a filled replay buffer, one thread,
+        flat out: no replay-ratio wait) publishing every ``send_policy_freq`` iterations, as
+        ``PublishPolicyHook`` does. The collector is a real task on the same Redis; each of its
+        ``act`` calls is logged with the version it acts with. A version counts as published when
+        ``publish_policy`` returned. Versions published after the collector's last action are
+        left out (and counted).
+        """
+        steps = 4000 if self.quick else 16000
+        cfg = compile_config({"exp_name": "bench", "policy": {"collect": {"collector": {"task_env_steps": steps}}}})
+        freq = int(cfg.policy.learn.learner.send_policy_freq)
+        lags_all: list[float] = []
+        per_repeat_p95: list[float] = []
+        published_n = censored_n = 0
+        intervals: list[float] = []
+        for _ in range(self.repeats):
+            learner = make_policy(cfg)
+            buf = _filled_buffer(20000)
+            rng = np.random.default_rng(0)
+            task = self._task(cfg)
+            publish_policy(self.conn, "bench", task["policy_id"], learner.get_weights(), 0, 2**62)
+            stop = threading.Event()
+            published: list[tuple[int, float]] = []
 
-        t = threading.Thread(target=learner, daemon=True)
-        t.start()
-        comm = RedisCommCollector(self.conn, task, 600)
-        info = Collector(cfg, task, comm).run()
-        stop.set()
-        t.join()
-        return {"policy_lag_p50_ms": info.get("policy_lag_p50_ms"), "policy_lag_p95_ms": info.get("policy_lag_p95_ms")}
+            def learn() -> None:
+                it = 0
+                while not stop.is_set():
+                    learner.learn(buf.sample(int(cfg.policy.learn.batch_size), rng))
+                    it += 1
+                    if it % freq == 0:
+                        publish_policy(self.conn, "bench", task["policy_id"], learner.get_weights(), it, 2**62)
+                        published.append((it, time.perf_counter()))
+
+            comm = RedisCommCollector(self.conn, task, 600)
+            collector = Collector(cfg, task, comm)
+            acts: list[tuple[float, int]] = []
+            real_act = collector._policy.act
+
+            def logged_act(obs, setting, rng_):
+                acts.append((time.perf_counter(), collector.policy_version))
+                return real_act(obs, setting, rng_)
+
+            collector._policy.act = logged_act
+            t = threading.Thread(target=learn, daemon=True)
+            t.start()
+            collector.run()
+            stop.set()
+            t.join()
+            comm.close()
+            lags, censored = _first_use_lags(published, acts)
+            published_n += len(published)
+            censored_n += censored
+            lags_all += lags
+            if lags:
+                per_repeat_p95.append(float(np.percentile(lags, 95)) * 1000)
+            intervals += [b[1] - a[1] for a, b in zip(published, published[1:])]
+        ms = [x * 1000 for x in lags_all]
+        return {"send_policy_freq": freq, "versions_published": published_n, "versions_after_last_action": censored_n,
+                "publish_interval_ms_median": round(statistics.median(intervals) * 1000, 2) if intervals else None,
+                "lag_ms_p50": round(float(np.percentile(ms, 50)), 2) if ms else None,
+                "lag_ms_p95": round(float(np.percentile(ms, 95)), 2) if ms else None,
+                "lag_ms_max": round(max(ms), 2) if ms else None,
+                "lag_ms_p95_per_repeat": spread(per_repeat_p95, 2)}
 
     # ------------------------------------------------------------------ per-task overhead
     def task_overhead(self) -> dict[str, Any]:
+        """Tasks of the default length (``task_env_steps``) run one after another by one ``rq worker
+        --burst``: per job, the time inside the work-horse (RQ 3 stamps ``started_at`` there, after
+        the fork) and its in-task set-up (config, env build, policy wait and first fetch); per task,
+        the worker's time outside the jobs ((worker wall - sum of job times) / tasks: worker start,
+        fork, RQ bookkeeping)."""
         n = 4 if self.quick else 10
-        cfg = compile_config({"exp_name": "bench", "policy": {"collect": {"collector": {"task_env_steps": 8}}}})
-        policy = create_policy(cfg, enable_field=("learn",))
-        out: dict[str, Any] = {}
+        cfg = compile_config({"exp_name": "bench"})
+        policy = make_policy(cfg)
+        out: dict[str, Any] = {"tasks": n, "task_env_steps": int(cfg.policy.collect.collector.task_env_steps)}
         from rq import Queue
         from rq.job import Job
 
@@ -220,7 +283,7 @@ class Bench:
                 task = commander.get_collector_task()
                 commander.notify_fail_collector_task(task)  # free the space: tasks run one after another
                 grant_lease(self.conn, "bench", task["task_id"], 3600)
-                publish_policy(self.conn, "bench", task["policy_id"], policy.publishable_state(), 0, 2**62)
+                publish_policy(self.conn, "bench", task["policy_id"], policy.get_weights(), 0, 2**62)
                 q.enqueue_call("workers.collector.run_collector_task", args=(task,), job_id=task["task_id"], timeout=120)
                 ids.append(task["task_id"])
             rq = str(Path(sys.executable).with_name("rq"))
@@ -231,39 +294,70 @@ class Bench:
             jobs = Job.fetch_many(ids, connection=self.conn)
             durations = [(j.ended_at - j.started_at).total_seconds() for j in jobs if j.ended_at]
             setups = [j.return_value()["setup_s"] for j in jobs if j.return_value()]
-            out[label] = {"tasks": n, "worker_wall_s": round(wall, 2),
-                          "job_s_median": round(statistics.median(durations), 3),
-                          "in_task_setup_s_median": round(statistics.median(setups), 3),
-                          "fork_and_import_s_median": round(statistics.median(durations) - statistics.median(setups), 3)}
+            if len(durations) != n or len(setups) != n:
+                raise RuntimeError(f"task_overhead/{label}: only {len(setups)} of {n} jobs finished")
+            out[label] = {"worker_wall_s": round(wall, 2), "job_s": spread(durations),
+                          "in_task_setup_s": spread(setups),
+                          "setup_share_of_job": spread([s_ / d for s_, d in zip(setups, durations)]),
+                          "outside_jobs_per_task_s": round((wall - sum(durations)) / n, 3)}
         return out
 
     # ------------------------------------------------------------------ learner
     def learner(self) -> dict[str, Any]:
-        cfg = compile_config({"exp_name": "bench"})
-        p = create_policy(cfg, enable_field=("learn",))
+        """Train iterations/s of the default DQN learner step alone, and while publishing every
+        iteration and every ``send_policy_freq`` iterations (back to back per repeat)."""
+        cfg = DEFAULT_CFG
+        p = make_policy(cfg)
         rng = np.random.default_rng(0)
-        buf = ReplayBuffer(20000, SCHEMA)
-        buf.extend({"obs": rng.standard_normal((20000, 4), dtype=np.float32), "action": rng.integers(0, 2, 20000),
-                    "reward": np.ones(20000, np.float32), "next_obs": rng.standard_normal((20000, 4), dtype=np.float32),
-                    "done": np.zeros(20000, bool), "discount": np.full(20000, 0.9, np.float32)})
+        buf = _filled_buffer(20000)
         iters = 300 if self.quick else 2000
+        batch = int(cfg.policy.learn.batch_size)
+        freq = int(cfg.policy.learn.learner.send_policy_freq)
+        task = self._task(cfg)
 
-        def train() -> float:
+        def run(every: int) -> float:
             t0 = time.perf_counter()
-            for _ in range(iters):
-                p.forward(buf.sample(64, rng))
+            for i in range(1, iters + 1):
+                p.learn(buf.sample(batch, rng))
+                if every and i % every == 0:
+                    publish_policy(self.conn, "bench", task["policy_id"], p.get_weights(), i, 2**62)
             return iters / (time.perf_counter() - t0)
 
-        def train_and_publish() -> float:
-            task = self._task(cfg)
-            t0 = time.perf_counter()
-            for i in range(iters):
-                p.forward(buf.sample(64, rng))
-                publish_policy(self.conn, "bench", task["policy_id"], p.publishable_state(), i, 2**62)
-            return iters / (time.perf_counter() - t0)
+        alone, every_iter, every_freq = [], [], []
+        for _ in range(self.repeats):
+            alone.append(run(0))
+            every_iter.append(run(1))
+            every_freq.append(run(freq))
+        return {"batch_size": batch, "send_policy_freq": freq, "train_iter_per_s": spread(alone, 1),
+                "ms_per_train_iter": spread([1000 / a for a in alone], 3),
+                "train_iter_per_s_publishing_every_iter": spread(every_iter, 1),
+                "train_iter_per_s_publishing_every_freq": spread(every_freq, 1),
+                "publish_cost_share_at_freq": spread([1 - f / a for f, a in zip(every_freq, alone)])}
 
-        a, b = median_of(train, self.repeats), median_of(train_and_publish, self.repeats)
-        return {"train_iter_per_s": round(a, 1), "train_iter_per_s_publishing_every_iter": round(b, 1)}
+
+def _filled_buffer(n: int) -> ReplayBuffer:
+    rng = np.random.default_rng(0)
+    buf = ReplayBuffer(n, SCHEMA)
+    buf.extend({"obs": rng.standard_normal((n, 4), dtype=np.float32), "action": rng.integers(0, 2, n),
+                "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4), dtype=np.float32),
+                "done": np.zeros(n, bool), "discount": np.full(n, 0.9, np.float32)})
+    return buf
+
+
+def _first_use_lags(published: list[tuple[int, float]], acts: list[tuple[float, int]]) -> tuple[list[float], int]:
+    """Seconds from each publication (version, time) to the first act (time, version) at or after it
+    with a version >= the published one; and how many versions no act followed."""
+    lags, censored = [], 0
+    j = 0
+    for version, t_pub in published:  # both lists are in time order
+        # An act skipped for one version cannot serve a later one (published later, higher version).
+        while j < len(acts) and not (acts[j][0] >= t_pub and acts[j][1] >= version):
+            j += 1
+        if j == len(acts):
+            censored += 1
+            continue
+        lags.append(acts[j][0] - t_pub)
+    return lags, censored
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

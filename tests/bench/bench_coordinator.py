@@ -9,9 +9,21 @@ learner reports ``learner_info`` 20 times a second. Figures:
 
 * dispatch latency: from a simulated collector's ``finished`` XADD to the replacement task
   popped from the queue by that (then only idle) collector — p50 / p99, milliseconds;
-* steady events/s handled by the coordinator, and Redis CPU share (``INFO cpu`` delta / wall);
-* burst events/s: ``--burst`` learner_info events XADDed at once, and the time until the
-  coordinator's consumer group has read and acked them all.
+* steady events/s sent by the simulators and handled by the coordinator over the window:
+  handled = the coordinator group's ``entries-read`` minus its pending entries (XINFO GROUPS;
+  the coordinator acks each batch with the state it produced), so an event counts once acked;
+* backlog: events not yet acked (the group's ``lag`` plus pending) at the window's start and
+  end. The loop is closed (a simulator sends again only once it got a task), so a coordinator
+  that cannot keep up shows as simulators sending under 90 % of what instant dispatch would
+  give (``offered``: 2 events per task-second per simulator, plus the learner's 20/s) or as a
+  growing backlog: either is reported as saturated;
+* Redis CPU share (``INFO cpu`` delta / wall);
+* burst events/s: once the backlog is drained, ``--burst`` learner_info events XADDed at
+  once, and the time until the coordinator has acked them all (stream ids compared as
+  (ms, seq) integers). A drain or burst that does not finish within ``--timeout`` seconds
+  fails the benchmark (:class:`BenchTimeout`) instead of reporting a rate.
+
+Needs Redis >= 7.0 (``entries-read`` / ``lag`` in XINFO GROUPS).
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +41,7 @@ from pathlib import Path
 
 from common import events, keys
 from common.connection import connect
-from common.embedded_redis import EmbeddedRedis
+from common.embedded_redis import EmbeddedRedis, find_redis_server
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
@@ -41,12 +54,51 @@ def _finish_info(i: int) -> dict:
             "duration": 1.0, "buffer_id": "sim"}
 
 
+class BenchTimeout(RuntimeError):
+    """The coordinator did not catch up within the benchmark's timeout: no rate is reported."""
+
+
+def stream_id(raw: bytes | str) -> tuple[int, int]:
+    """A stream id as (ms, seq) integers, so ids compare numerically (b"9-0" < b"10-0")."""
+    ms, _, seq = (raw.decode() if isinstance(raw, bytes) else raw).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def group_state(conn, stream: str) -> dict:
+    """The coordinator group's ``handled`` (entries read and acked), ``backlog`` (lag + pending) and
+    ``last_delivered`` id; raises when the server is older than Redis 7.0."""
+    g = next(g for g in conn.xinfo_groups(stream) if g["name"] == keys.COORDINATOR_GROUP.encode())
+    if g.get("entries-read") is None or g.get("lag") is None:
+        raise RuntimeError("the coordinator benchmark needs Redis >= 7.0 (XINFO GROUPS entries-read / lag)")
+    return {"handled": int(g["entries-read"]) - int(g["pending"]), "backlog": int(g["lag"]) + int(g["pending"]),
+            "last_delivered": stream_id(g["last-delivered-id"]), "pending": int(g["pending"])}
+
+
+def redis7_server() -> str:
+    """A redis-server binary of version >= 7.0: ``find_redis_server()`` or a system one.
+
+    Raises:
+        RuntimeError: none found (names the ones tried).
+    """
+    tried = []
+    for exe in (find_redis_server(), shutil.which("redis-server", path="/usr/local/bin:/usr/bin")):
+        if not exe:
+            continue
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
+        version = next((w[2:] for w in out.split() if w.startswith("v=")), "0")
+        tried.append(f"{exe} ({version})")
+        if int(version.split(".")[0]) >= 7:
+            return exe
+    raise RuntimeError(f"the coordinator benchmark needs redis-server >= 7.0; found {', '.join(tried) or 'none'}")
+
+
 def _cpu(conn) -> float:
     info = conn.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int) -> dict:
+def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, timeout: float = 120.0) -> dict:
+    os.environ["RQRL_REDIS_SERVER"] = redis7_server()  # read by EmbeddedRedis
     server = EmbeddedRedis().start()
     url = server.url
     conn = connect(url)
@@ -72,7 +124,7 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int) -> d
         it = 0
         while not stop.wait(0.05):
             it += 10
-            events.emit(c, EXP, "learner_info", tid, "learner", learner_step=it, collector_envstep=it * 2)
+            events.emit(c, EXP, "learner_info", tid, "learner", train_iter=it, collector_envstep=it * 2)
             with lock:
                 counts["events"] += 1
 
@@ -102,35 +154,51 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int) -> d
               [threading.Thread(target=collector, daemon=True) for _ in range(n_sims)]
     for t in threads:
         t.start()
+    stream = keys.events(EXP)
     try:
         time.sleep(3 + task_seconds)  # coordinator start-up and the first wave
         with lock:
             latencies.clear()
             e0 = counts["events"]
-        cpu0, t0 = _cpu(conn), time.perf_counter()
+        g0, cpu0, t0 = group_state(conn, stream), _cpu(conn), time.perf_counter()
         time.sleep(seconds)
         wall = time.perf_counter() - t0
+        g1 = group_state(conn, stream)
         with lock:
-            steady = (counts["events"] - e0) / wall
+            sent = (counts["events"] - e0) / wall
             lat = sorted(latencies)
         redis_cpu = (_cpu(conn) - cpu0) / wall
         stop.set()
-        # Burst: learner_info events far faster than any real learner sends them.
+        handled = (g1["handled"] - g0["handled"]) / wall
+        # The loop is closed (a simulator sends its next events only once it got a task), so a slow
+        # coordinator shows first as simulators sending less than they would with instant
+        # dispatch, then as a growing backlog. Either one is saturation.
+        offered = 2 * n_sims / task_seconds + 20
+        saturated = sent < 0.9 * offered or g1["backlog"] - g0["backlog"] > max(10, 0.05 * sent)
+        # Drain what the simulators left, then the burst: learner_info events far faster than any
+        # real learner sends them.
+        td = time.perf_counter()
+        while group_state(conn, stream)["backlog"] > 0:
+            if time.perf_counter() - td > timeout:
+                raise BenchTimeout(f"{n_sims} sims: backlog of {group_state(conn, stream)['backlog']} events "
+                                   f"not drained within {timeout:g} s")
+            time.sleep(0.05)
+        drain_s = time.perf_counter() - td
         tid = next((k.decode() for k in conn.hkeys(keys.tasks(EXP)) if k.startswith(b"learner")), "learner_task_x")
-        stream = keys.events(EXP)
         pipe = conn.pipeline(transaction=False)
         for i in range(burst):
             pipe.xadd(stream, {"type": "learner_info", "task_id": tid, "task_type": "learner", "ts": "0",
-                               "learner_step": str(i), "collector_envstep": str(i)})
+                               "train_iter": str(i), "collector_envstep": str(i)})
         tb = time.perf_counter()
-        pipe.execute()
-        last = conn.xrevrange(stream, count=1)[0][0]
+        ids = pipe.execute()
+        last = stream_id(ids[-1])
         while True:
-            g = next(g for g in conn.xinfo_groups(stream) if g["name"] == keys.COORDINATOR_GROUP.encode())
-            if g["last-delivered-id"] >= last and g["pending"] == 0:
+            g = group_state(conn, stream)
+            if g["last_delivered"] >= last and g["pending"] == 0:
                 break
-            if time.perf_counter() - tb > 120:
-                break
+            if time.perf_counter() - tb > timeout:
+                raise BenchTimeout(f"{n_sims} sims: burst of {burst} events not acked within {timeout:g} s "
+                                   f"(backlog {g['backlog']})")
             time.sleep(0.01)
         burst_rate = burst / (time.perf_counter() - tb)
     finally:
@@ -145,9 +213,12 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int) -> d
     def pct(p: float) -> float | None:
         return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None
 
-    return {"sims": n_sims, "steady_events_per_s": round(steady, 1), "dispatches": len(lat),
+    return {"sims": n_sims, "window_s": round(wall, 2), "offered_events_per_s": round(offered, 1),
+            "sent_events_per_s": round(sent, 1),
+            "handled_events_per_s": round(handled, 1), "backlog_start": g0["backlog"], "backlog_end": g1["backlog"],
+            "saturated": bool(saturated), "drain_s": round(drain_s, 2), "dispatches": len(lat),
             "dispatch_p50_ms": pct(0.5), "dispatch_p99_ms": pct(0.99), "redis_cpu_share": round(redis_cpu, 3),
-            "burst_events_per_s": round(burst_rate)}
+            "burst_events": burst, "burst_events_per_s": round(burst_rate)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -156,13 +227,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--task-seconds", type=float, default=1.0)
     ap.add_argument("--burst", type=int, default=50_000)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds to drain or ack a burst before failing")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rows = []
     for n in args.sims:
-        r = run_scale(n, args.seconds, args.task_seconds, args.burst)
-        rows.append(r)
-        print(json.dumps(r), flush=True)
+        for _ in range(args.repeats):
+            r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return rows

@@ -1,65 +1,129 @@
-"""The benchmark suite: one command, one table, one JSON file.
+"""The benchmark suite: one command, one raw JSON per run, the summary in docs/performance.md.
 
-    python -m tests.bench.run [--quick] [--json bench.json]
+    nice -n 10 python -m tests.bench.run              # the full run (about 15 minutes on 2 cores)
+    python -m tests.bench.run --quick --no-docs       # a short check that every benchmark runs
 
 Runs, in order: time to solve (``rqrl train``, 5 seeds; 3 with --quick), the single-process
-baseline on the same config, the component benchmarks (collector vs bare loop, transport vs
-raw redis-py, policy propagation, per-task overhead, learner) and the coordinator scale test
-(8 / 64 / 256 simulated collectors). Figures are medians; ratios are measured in the same run.
+baseline on the same config and seeds, the component benchmarks (collector vs bare loop,
+transport vs raw redis-py, policy propagation, per-task overhead, learner) and the coordinator
+scale test (8 / 64 / 256 simulated collectors).
+
+Writes ``docs/bench/<UTC date>T<time>-<host>.json``: date, machine, command, git commit and
+every repeat of every figure. Unless ``--no-docs``, it then rewrites the generated block of
+docs/performance.md from that file (tests/bench/report.py). A benchmark that fails (e.g. the
+coordinator does not catch up within its timeout) is recorded as an error in the JSON, gives
+no figure, and makes the command exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import traceback
 from pathlib import Path
+from typing import Any, Callable
 
-from tests.bench import bench_components, bench_coordinator, bench_serial, bench_solve
+from tests.bench import bench_components, bench_coordinator, bench_serial, bench_solve, report
 
-GOALS = [
-    ("time to solve, median wall s (launch to exit)", lambda r: r["solve"]["median_wall_s"], "<= 12"),
-    ("env steps to solve vs single process", lambda r: r["solve_vs_serial_envstep"], "<= 1.5"),
-    ("collector env steps/s vs bare loop", lambda r: r["components"]["collector"]["collector_vs_bare"], ">= 0.8"),
-    ("transport MB/s vs raw redis-py (64-row chunks)", lambda r: r["components"]["transport"]["transport_vs_raw"], ">= 0.8"),
-    ("policy propagation p95 ms", lambda r: r["components"]["propagation"]["policy_lag_p95_ms"], "<= 100"),
-    ("learner share of time waiting for data", lambda r: r["solve_learner_wait_share"], "<= 0.05"),
-    ("coordinator burst events/s (256 sims)", lambda r: r["coordinator"][-1]["burst_events_per_s"], ">= 20000"),
-    ("dispatch latency p99 ms (256 sims)", lambda r: r["coordinator"][-1]["dispatch_p99_ms"], "<= 50"),
-]
+REPO = Path(__file__).resolve().parents[2]
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _cmd(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=20, cwd=REPO).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on (no credentials, no environment variables)."""
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                if ln.startswith("MemTotal")), None) if Path("/proc/meminfo").exists() else None
+    import numpy
+    import redis
+    import rq
+    import torch
+
+    from common.embedded_redis import find_redis_server
+
+    return {"host": socket.gethostname(), "platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+            "mem_gib": round(int(mem) / 2**20, 1) if mem else None, "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": numpy.__version__, "redis_py": redis.__version__,
+            "rq": rq.__version__, "redis_server": _cmd([find_redis_server() or "redis-server", "--version"]),
+            "redis_server_coordinator_bench": _redis7_version(),
+            "loadavg_at_start": list(os.getloadavg())}
+
+
+def _redis7_version() -> str:
+    try:
+        return _cmd([bench_coordinator.redis7_server(), "--version"])
+    except RuntimeError as e:
+        return str(e)
+
+
+def _part(r: dict, errors: dict, name: str, fn: Callable[[], Any]) -> None:
+    print(f"== {name}", flush=True)
+    try:
+        r[name] = fn()
+    except Exception as e:  # recorded, no figure, exit 1 at the end
+        errors[name] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default="bench.json")
+    ap.add_argument("--quick", action="store_true", help="fewer seeds, repeats and steps")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="solve/serial seeds (default 0-4; 0-2 with --quick)")
+    ap.add_argument("--repeats", type=int, default=None, help="component repeats (default 3; 2 with --quick)")
+    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--parts", nargs="+", default=["solve", "serial", "components", "coordinator"])
+    ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))
+    ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
     args = ap.parse_args(argv)
-    seeds = ["0", "1", "2"] if args.quick else ["0", "1", "2", "3", "4"]
-    r: dict = {}
-    print("== time to solve (rqrl train)")
-    r["solve"] = bench_solve.main(["--seeds", *seeds])
-    print("== single-process baseline")
-    r["serial"] = bench_serial.main(["--seeds", *seeds])
-    if r["solve"]["median_envstep"] and r["serial"]["median_envstep"]:
-        r["solve_vs_serial_envstep"] = round(r["solve"]["median_envstep"] / r["serial"]["median_envstep"], 2)
-    waits = [x["learner_wait_share"] for x in r["solve"]["runs"] if x.get("learner_wait_share") is not None]
-    r["solve_learner_wait_share"] = sorted(waits)[len(waits) // 2] if waits else None
-    print("== components")
-    r["components"] = bench_components.main(["--quick"] if args.quick else [])
-    print("== coordinator scale")
-    r["coordinator"] = bench_coordinator.main(["--seconds", "5" if args.quick else "10",
-                                               "--burst", "20000" if args.quick else "50000"])
-    print("\n== summary")
-    print(f"{'figure':<50} {'measured':>10}  goal")
-    for name, get, goal in GOALS:
-        try:
-            value = get(r)
-        except (KeyError, IndexError, TypeError):
-            value = None
-        print(f"{name:<50} {value if value is not None else '-':>10}  {goal}")
-    Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
-    print(f"\nfigures written to {args.json}")
-    return r
+    seeds = [str(s) for s in (args.seeds or ([0, 1, 2] if args.quick else [0, 1, 2, 3, 4]))]
+    repeats = args.repeats or (2 if args.quick else 3)
+    now = dt.datetime.now(dt.timezone.utc)
+    raw: dict[str, Any] = {
+        "date": now.isoformat(timespec="seconds"), "command": " ".join([Path(sys.executable).name, "-m", "tests.bench.run",
+                                                                        *(argv if argv is not None else sys.argv[1:])]),
+        "git_commit": _cmd(["git", "rev-parse", "HEAD"]), "git_dirty": bool(_cmd(["git", "status", "--porcelain"])),
+        "machine": machine(), "settings": {"quick": args.quick, "seeds": seeds, "repeats": repeats, "sims": args.sims},
+    }
+    r: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    if "solve" in args.parts:
+        _part(r, errors, "solve", lambda: bench_solve.main(["--seeds", *seeds]))
+    if "serial" in args.parts:
+        _part(r, errors, "serial", lambda: bench_serial.main(["--seeds", *seeds]))
+    if "components" in args.parts:
+        _part(r, errors, "components", lambda: bench_components.main(
+            (["--quick"] if args.quick else []) + ["--repeats", str(repeats)]))
+    if "coordinator" in args.parts:
+        _part(r, errors, "coordinator", lambda: bench_coordinator.main(
+            ["--sims", *map(str, args.sims), "--seconds", "5" if args.quick else "10",
+             "--burst", "20000" if args.quick else "50000", "--repeats", "1" if args.quick else "3"]))
+    raw["machine"]["loadavg_at_end"] = list(os.getloadavg())
+    raw["results"] = r
+    raw["errors"] = errors
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{now.strftime('%Y-%m-%dT%H%M%SZ')}-{raw['machine']['host']}.json"
+    path.write_text(json.dumps(raw, indent=2) + "\n")
+    print(f"\nraw output: {path}")
+    print(report.summary_table(raw))
+    if not args.no_docs:
+        report.update_doc(REPO / "docs" / "performance.md", raw, path)
+        print("docs/performance.md: generated block rewritten")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,10 +3,10 @@
     python -m tests.chaos.chaos --seed 0 --collector-kills 3 [--duration 240] [--stop-value 195]
 
 Processes (all real): a private redis-server, ``python -m coordinator``, ``rq worker
-collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs:
-random collector tasks (the work-horse, or the horse and its ``rq worker`` parent), the learner's
-work-horse once, and the coordinator once (restarted with the same command, as a supervisor
-would). Killed worker parents are restarted too. At the end it prints one table: per kill, the
+collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs: the learner's
+work-horse once (first, once a checkpoint exists), then in seeded order random collector tasks
+(the work-horse, or the horse and its ``rq worker`` parent) and the coordinator once (restarted
+with the same command, as a supervisor would). Killed worker parents are restarted too. At the end it prints one table: per kill, the
 seconds until the coordinator declared the task dead (its record left ``rqrl:{exp}:tasks``) or,
 for the coordinator, until the restarted one resumed; then the chunk accounting of the buffer
 (produced = consumed + expired + corrupt + malformed + unconsumed, duplicates).
@@ -114,6 +114,7 @@ class Chaos:
                 parent = next((n for n, p in self.procs.items() if p.pid == ppid), None)
             except (OSError, ValueError, IndexError):
                 parent = None
+        ckpt = self.conn.hget(keys.ckpt(self.exp, "latest"), "version") if kind == "learner" else None
         t_kill = time.monotonic()
         try:
             os.kill(pid, signal.SIGKILL)
@@ -129,6 +130,9 @@ class Chaos:
         record = {"what": what, "task_id": tid, "run_ended_first": run_ended,
                   "detect_s": None if detected is None or run_ended else round(time.monotonic() - t_kill, 2)}
         if kind == "learner":
+            # The learner's last checkpoint before the kill, read before SIGKILL: it may save another
+            # between the read and the kill, so a replacement resumes at or after this iteration.
+            record["ckpt_iter_before_kill"] = int(ckpt) if ckpt is not None else None
             record["resumed_from_iter"] = self._first_iter_after(tid)
         self.kills.append(record)
         if parent is not None:  # a supervisor restarts the worker
@@ -169,8 +173,11 @@ class Chaos:
         self._worker("learner", keys.LEARNER_QUEUE)
         for i in range(self.n_collectors):
             self._worker(f"collector{i}", keys.COLLECTOR_QUEUE)
-        plan = ["collector"] * self.collector_kills + ["learner", "coordinator"]
-        self.rng.shuffle(plan)
+        # The learner goes first, right after its first checkpoint: killed later, the run may converge
+        # before its death is detected, and its resume would go unchecked. The rest in seeded order.
+        rest = ["collector"] * self.collector_kills + ["coordinator"]
+        self.rng.shuffle(rest)
+        plan = ["learner", *rest]
         try:
             self._wait(lambda: self.train_iter() >= 200, 120)  # a checkpoint exists before any kill
             for step in plan:
@@ -232,7 +239,8 @@ def render(r: dict[str, Any]) -> str:
              f"last eval {r['last_eval']}, wall {r['wall_s']} s", "",
              f"{'kill':<40} {'task':<34} {'detected after s':>16}"]
     for k in r["kills"]:
-        extra = f"  (replacement resumed at train iter {k['resumed_from_iter']})" if "resumed_from_iter" in k else ""
+        extra = (f"  (checkpoint at train iter {k['ckpt_iter_before_kill']} before the kill; replacement's first "
+                 f"report at train iter {k['resumed_from_iter']})") if "resumed_from_iter" in k else ""
         if k.get("run_ended_first"):
             extra = "  (the run converged before the task's heartbeat expired)"
         lines.append(f"{k['what']:<40} {k['task_id']:<34} {k['detect_s'] if k['detect_s'] is not None else ('-' if k.get('run_ended_first') else 'NEVER'):>16}"

@@ -260,13 +260,12 @@ def test_training_run_as_rqrl_user(acl_server, tmp_path):
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
         assert exp in status.stdout
-        helptext = subprocess.run([sys.executable, "-m", "coordinator.cli", "--help"], cwd=tmp_path, env=env,
-                                  capture_output=True, text=True, timeout=60).stdout
-        if "clean" in helptext:  # `rqrl clean` deletes an experiment's keys and jobs
-            clean = subprocess.run([sys.executable, "-m", "coordinator.cli", "clean", "--exp", exp, "--yes"],
-                                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-            assert clean.returncode == 0, clean.stdout + clean.stderr
-            assert not list(s.admin.scan_iter(match=f"rqrl:{exp}:*")), "rqrl clean left keys behind"
+        # `rqrl clean` deletes an experiment's keys and jobs, as the rqrl user too.
+        assert list(s.admin.scan_iter(match=f"rqrl:{exp}:*")), "the run left no keys to clean"
+        clean = subprocess.run([sys.executable, "-m", "coordinator.cli", "clean", "--exp", exp, "--yes"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+        assert not list(s.admin.scan_iter(match=f"rqrl:{exp}:*")), "rqrl clean left keys behind"
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)

@@ -97,7 +97,7 @@ def test_reader_creates_group(fake_redis):
     assert [g["name"] for g in groups] == [keys.LEARNER_GROUP.encode()]
 
 
-def test_good_chunk_inserted_once_acked_and_deleted(fake_redis):
+def test_good_chunk_inserted_once_acked_and_emptied(fake_redis):
     reader, buf, calls = make_reader(fake_redis)
     send(fake_redis, "collector_task_x_0001", serialization.dumps(make_chunk(8, 1.0)), n_samples=8, env_steps=10)
     entries = read_all(fake_redis)
@@ -107,7 +107,8 @@ def test_good_chunk_inserted_once_acked_and_deleted(fake_redis):
     assert reader.env_steps == 10
     assert counters(reader) == {"chunks": 1, "expired": 0, "corrupt": 0, "malformed": 0, "duplicates": 0}
     assert pending(fake_redis) == 0
-    assert not fake_redis.exists(keys.data(EXP, "collector_task_x_0001"))
+    assert fake_redis.get(keys.data(EXP, "collector_task_x_0001")) == b""  # emptied: a tombstone keeps the TTL
+    assert 0 < fake_redis.ttl(keys.data(EXP, "collector_task_x_0001")) <= 600
     assert stats(fake_redis) == {"consumed": 1, "env_steps": 10}
     assert calls == [1]
     s = buf.sample(50, np.random.default_rng(0))
@@ -146,7 +147,7 @@ def test_garbage_blob_counted_corrupt(fake_redis):
     send(fake_redis, "junk_1", b"\xc1\xc1 garbage bytes")
     reader._consume(read_all(fake_redis))
     assert reader.corrupt == 1 and len(buf) == 0 and pending(fake_redis) == 0
-    assert not fake_redis.exists(keys.data(EXP, "junk_1"))
+    assert fake_redis.get(keys.data(EXP, "junk_1")) == b""
     assert stats(fake_redis) == {"corrupt": 1}
 
 
@@ -202,7 +203,7 @@ def test_mixed_batch_rest_still_inserted(fake_redis):
     assert rewards_in(buf) == {1.0, 2.0}
     assert pending(fake_redis) == 0
     for d in ("good_a", "corrupt_c", "good_d"):
-        assert not fake_redis.exists(keys.data(EXP, d))
+        assert fake_redis.get(keys.data(EXP, d)) == b""
     assert stats(fake_redis) == {"consumed": 2, "env_steps": 11, "expired": 1, "corrupt": 1, "malformed": 1}
     assert calls == [1]
 
@@ -239,8 +240,7 @@ def test_env_steps_base_from_stats(fake_redis):
     fake_redis.hset(STATS, mapping={"env_steps": 1234, "consumed": 9})
     reader, _, _ = make_reader(fake_redis)
     assert reader.env_steps_base == 1234 and reader.env_steps == 0
-    fresh = fake_redis.hgetall(STATS)
-    assert fresh  # untouched by construction
+    assert fake_redis.hgetall(STATS) == {b"env_steps": b"1234", b"consumed": b"9"}  # untouched by construction
     reader2 = BufferReader(fake_redis, EXP, "other_buffer", TASK, ReplayBuffer(10, SCHEMA), LOG, lambda: None, LEASE)
     assert reader2.env_steps_base == 0
 

@@ -24,19 +24,62 @@ def check_png(path, size=(1200, 450)):
         assert im.size == size
 
 
+def plotted(fig):
+    """What each axes of ``fig`` shows: xlabel, data line (x, y), stop lines (y), std band (y range), notes."""
+    out = []
+    for ax in fig.axes:
+        data = [ln for ln in ax.get_lines() if ln.get_label() == "eval reward mean"]
+        stops = [ln for ln in ax.get_lines() if ln.get_label().startswith("stop value")]
+        bands = [c.get_paths()[0].vertices[:, 1] for c in ax.collections]
+        out.append({
+            "xlabel": ax.get_xlabel(),
+            "x": data[0].get_xdata().tolist() if data else None,
+            "y": data[0].get_ydata().tolist() if data else None,
+            "stop": [ln.get_ydata()[0] for ln in stops],
+            "stop_style": [ln.get_linestyle() for ln in stops],
+            "band": (round(min(bands[0]), 6), round(max(bands[0]), 6)) if bands else None,
+            "texts": [t.get_text() for t in ax.texts],
+        })
+    return out
+
+
+def test_figure_plots_points_axes_and_stop_line():
+    fig = curve.build_figure(points(), 195.0)
+    step, wall = plotted(fig)
+    assert step["xlabel"] == "env steps" and wall["xlabel"] == "wall time since the first eval (s)"
+    assert step["x"] == [1000, 2000, 3000, 4000, 5000]
+    assert wall["x"] == [0, 30, 60, 90, 120]
+    assert step["y"] == wall["y"] == [20.0, 40.0, 60.0, 80.0, 100.0]
+    assert step["stop"] == wall["stop"] == [195.0] and step["stop_style"] == ["--"]
+    assert step["band"] == wall["band"] == (17.0, 103.0)  # mean ± std: 20 - 3 .. 100 + 3
+    assert fig._suptitle.get_text() == "eval reward (5 evals, best 100)"
+    assert [round(v) for v in fig.get_size_inches() * fig.dpi] == [1200, 450]
+
+
+def test_figure_any_order_t0_minutes_and_no_stop_value():
+    pts = list(reversed(points(8)))
+    step, wall = plotted(curve.build_figure(pts, None, t0=T0 - 5000, title="exp"))
+    assert step["x"] == [1000 * (i + 1) for i in range(8)]  # sorted by time
+    assert wall["xlabel"] == "wall time since start (min)"
+    assert wall["x"] == pytest.approx([(5000 + 30 * i) / 60 for i in range(8)])
+    assert step["stop"] == wall["stop"] == []
+
+
+def test_figure_hours_axis():
+    pts = [dict(p, time=T0 + 3600 * i) for i, p in enumerate(points(4))]
+    _, wall = plotted(curve.build_figure(pts, 1.0))
+    assert wall["xlabel"] == "wall time since the first eval (h)" and wall["x"] == [0, 1, 2, 3]
+
+
+def test_figure_without_evals_still_draws_stop_line():
+    step, wall = plotted(curve.build_figure([], 195.0))
+    assert step["x"] is None and step["texts"] == ["no evaluations"] and step["stop"] == [195.0]
+
+
 def test_plot_curve_writes_png(tmp_path):
     out = curve.plot_curve(points(), 195.0, tmp_path / "sub" / "curve.png")
     assert out == tmp_path / "sub" / "curve.png"
     check_png(out)
-
-
-def test_plot_curve_any_order_t0_and_no_stop_value(tmp_path):
-    pts = list(reversed(points(8)))
-    check_png(curve.plot_curve(pts, None, tmp_path / "c.png", t0=T0 - 5000, title="exp"))
-
-
-def test_plot_curve_without_evals_still_draws(tmp_path):
-    check_png(curve.plot_curve([], 195.0, tmp_path / "empty.png"))
 
 
 def test_plot_curve_names_bad_point(tmp_path):
@@ -104,7 +147,21 @@ def patched_connect(monkeypatch, fake_redis):
     return fake_redis
 
 
-def test_cli_curve_from_redis(patched_connect, tmp_path, capsys):
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the CLI builds, kept for inspection."""
+    built = []
+    real = curve.build_figure
+
+    def keep(*a, **kw):
+        built.append(real(*a, **kw))
+        return built[-1]
+
+    monkeypatch.setattr(curve, "build_figure", keep)
+    return built
+
+
+def test_cli_curve_from_redis(patched_connect, tmp_path, capsys, figures):
     fill_stream(patched_connect)
     patched_connect.hset(keys.commander("cp"), mapping={"stop_value": "195.0", "envstep": "500"})
     out = tmp_path / "cp_curve.png"
@@ -112,13 +169,18 @@ def test_cli_curve_from_redis(patched_connect, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "3 evals" in text and "stop value 195" in text
     check_png(out)
+    step, wall = plotted(figures[0])
+    assert step["x"] == [0, 100, 500] and step["y"] == [9.5, 20.0, 150.0]
+    assert wall["x"] == [1, 4, 8]  # seconds since the stream's first event
+    assert step["stop"] == [195.0]
 
 
-def test_cli_curve_default_path(patched_connect, tmp_path, monkeypatch):
+def test_cli_curve_default_path(patched_connect, tmp_path, monkeypatch, figures):
     fill_stream(patched_connect)
     monkeypatch.chdir(tmp_path)
     assert curve.main(["--exp", "cp", "--stop-value", "100"]) == 0
     check_png(tmp_path / "cp" / "curve.png")
+    assert plotted(figures[0])[0]["stop"] == [100.0]
 
 
 def test_cli_curve_without_evals(patched_connect, tmp_path, capsys):

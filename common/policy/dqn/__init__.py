@@ -37,5 +37,16 @@ def collect_setting(cfg: EasyDict, info: dict[str, Any]) -> dict[str, Any]:
     return {"eps": float(eps)}
 
 
+def check_setting(setting: dict[str, Any]) -> None:
+    """A collect setting must carry ``eps`` in [0, 1].
+
+    Raises:
+        ValueError: naming ``eps``.
+    """
+    eps = setting.get("eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps <= 1.0:
+        raise ValueError(f"'collect_setting.eps' = {eps!r} must be in [0, 1]")
+
+
 ALGORITHM = Algorithm(name="dqn", data_source="replay", policy_class="common.policy.dqn.policy:DQNPolicy",
-                      config=CONFIG, collect_setting=collect_setting)
+                      config=CONFIG, collect_setting=collect_setting, check_setting=check_setting)

@@ -1,0 +1,128 @@
+"""Chunk delivery is idempotent by data_id, on a real private redis-server.
+
+The Redis client retries a command after a connection error or timeout; when only the reply
+was lost, the chunk script runs twice. Neither the retried send nor a second stream entry for
+one ``data_id`` may give the learner a second trainable copy.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import redis
+
+from common import keys, serialization, streams
+from workers.comm_collector import RedisCommCollector
+from workers.comm_learner import BufferReader
+from workers.replay_buffer import ReplayBuffer
+
+pytestmark = pytest.mark.redis_server
+
+EXP = "dup_exp"
+BUF = "buffer_dup"
+OBS = 4
+SCHEMA = {
+    "obs": ((OBS,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+    "next_obs": ((OBS,), np.float32), "done": ((), np.bool_), "discount": ((), np.float32),
+}
+LEARNER = "learner_task_dup"
+COLLECTOR = "collector_task_dup"
+STATS = keys.buffer_stats(EXP, BUF)
+
+
+def chunk(n: int, tag: float) -> dict[str, np.ndarray]:
+    return {"obs": np.full((n, OBS), tag, np.float32), "action": np.zeros(n, np.int64),
+            "reward": np.full(n, tag, np.float32), "next_obs": np.full((n, OBS), tag, np.float32),
+            "done": np.zeros(n, bool), "discount": np.full(n, 0.99, np.float32)}
+
+
+def reader_on(conn: redis.Redis) -> tuple[BufferReader, ReplayBuffer]:
+    conn.set(keys.lease(EXP, LEARNER), "1")
+    buf = ReplayBuffer(1000, SCHEMA)
+    return BufferReader(conn, EXP, BUF, LEARNER, buf, logging.getLogger("dup"), lambda: None,
+                        keys.lease(EXP, LEARNER)), buf
+
+
+def read_all(conn: redis.Redis) -> list:
+    return streams.read_group(conn, keys.buffer_meta(EXP, BUF), keys.LEARNER_GROUP, LEARNER, 100, 10)
+
+
+def stats(conn: redis.Redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in conn.hgetall(STATS).items()}
+
+
+def add_entry(conn: redis.Redis, data_id: str, n: int) -> None:
+    streams.add(conn, keys.buffer_meta(EXP, BUF), {"data_id": data_id, "n_samples": n, "env_steps": n})
+
+
+@pytest.mark.parametrize("same_batch", [True, False], ids=["one-batch", "two-batches"])
+def test_two_entries_one_data_id_insert_once(real_redis, same_batch):
+    reader, buf = reader_on(real_redis)
+    real_redis.set(keys.data(EXP, "c_1"), serialization.dumps(chunk(5, 1.0)), ex=600)
+    add_entry(real_redis, "c_1", 5)
+    if not same_batch:
+        reader._consume(read_all(real_redis))
+    add_entry(real_redis, "c_1", 5)
+    reader._consume(read_all(real_redis))
+    assert len(buf) == 5 and buf.pushed == 5
+    assert reader.chunks == 1 and reader.duplicates == 1 and reader.env_steps == 5
+    assert stats(real_redis) == {"consumed": 1, "env_steps": 5, "duplicate": 1}
+    assert real_redis.xpending(keys.buffer_meta(EXP, BUF), keys.LEARNER_GROUP)["pending"] == 0
+
+
+def make_collector(conn: redis.Redis) -> RedisCommCollector:
+    conn.set(keys.lease(EXP, COLLECTOR), "1")
+    task = {"exp_name": EXP, "task_id": COLLECTOR, "buffer_id": BUF, "policy_id": "policy_dup", "eval_flag": False}
+    return RedisCommCollector(conn, task, data_ttl_s=600)
+
+
+def stage(comm: RedisCommCollector, data_id: str, n: int) -> None:
+    comm.send_stepdata(data_id, chunk(n, 2.0))
+    comm.send_metadata({"data_id": data_id, "policy_iter": 0, "n_samples": n, "env_steps": n})
+
+
+@pytest.mark.parametrize("consumed_before_retry", [False, True], ids=["retry-first", "consumed-first"])
+def test_retried_send_after_lost_reply_delivers_once(real_redis, monkeypatch, consumed_before_retry):
+    """The script ran but its reply was lost: redis-py's Retry sends it again on a new connection."""
+    reader, buf = reader_on(real_redis)
+    comm = make_collector(real_redis)
+    stage(comm, "c_retry", 6)
+    real_parse = real_redis.parse_response
+    lost = []
+
+    def lose_first_script_reply(connection, command_name, **options):
+        reply = real_parse(connection, command_name, **options)
+        if command_name == "EVALSHA" and not lost:
+            lost.append(reply)
+            if consumed_before_retry:  # the learner takes the chunk before the client retries
+                side = redis.Redis(connection_pool=redis.ConnectionPool(**real_redis.connection_pool.connection_kwargs))
+                reader._conn = side
+                reader._consume(read_all(side))
+            raise redis.ConnectionError("reply lost (test)")
+        return reply
+
+    monkeypatch.setattr(real_redis, "parse_response", lose_first_script_reply)
+    comm.flush(max_wait_s=1)
+    assert lost, "the script reply was never intercepted"
+    monkeypatch.undo()
+    reader._conn = real_redis
+    reader._consume(read_all(real_redis))
+    assert real_redis.xlen(keys.buffer_meta(EXP, BUF)) == 1
+    assert int(real_redis.get(keys.envstep(EXP))) == 6
+    assert len(buf) == 6 and reader.chunks == 1 and reader.env_steps == 6
+    s = stats(real_redis)
+    assert (s["produced"], s["resent"], s["consumed"], s["env_steps"]) == (1, 1, 1, 6)
+
+
+def test_distinct_chunks_still_all_delivered(real_redis):
+    reader, buf = reader_on(real_redis)
+    comm = make_collector(real_redis)
+    for i in range(3):
+        stage(comm, f"c_{i}", 4)
+        comm.flush(max_wait_s=1)
+    reader._consume(read_all(real_redis))
+    assert len(buf) == 12 and reader.chunks == 3 and reader.duplicates == 0
+    assert int(real_redis.get(keys.envstep(EXP))) == 12
+    assert stats(real_redis)["produced"] == 3 and "resent" not in stats(real_redis)

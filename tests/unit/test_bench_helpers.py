@@ -1,0 +1,55 @@
+"""The benchmark suite's own arithmetic: spreads and goal verdicts, stream-id order, first-use lags."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench.bench_components import _first_use_lags
+from tests.bench.bench_coordinator import stream_id
+from tests.bench.stats import fmt, spread, verdict
+
+
+def test_spread_keeps_every_repeat():
+    s = spread([3.0, 1.0, 2.0, None])
+    assert s == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3, "values": [3.0, 1.0, 2.0]}
+    assert spread([])["median"] is None
+
+
+@pytest.mark.parametrize("values, goal, expected", [
+    ([0.9, 0.85, 1.0], ">= 0.8", "met"),
+    ([0.5, 0.7], ">= 0.8", "not met"),
+    ([0.77, 0.95], ">= 0.8", "spread crosses the goal"),  # a median above the goal is not enough
+    ([40, 60], "<= 50", "spread crosses the goal"),
+    ([10, 12], "<= 12", "met"),
+])
+def test_verdict_judges_the_whole_spread(values, goal, expected):
+    assert verdict(spread(values), goal) == expected
+
+
+def test_verdict_and_fmt_without_figure():
+    assert verdict(None, ">= 1") == "no figure" and fmt(None) == "-"
+    assert fmt(spread([1.0, 2.0, 4.0]), "ms") == "2 ms (1–4, n=3)"
+
+
+def test_stream_ids_compare_as_integers():
+    assert stream_id(b"1700-13") < stream_id(b"1700-120")
+    assert b"1700-13" > b"1700-120"  # what comparing the bytes would conclude
+    assert stream_id(b"999-5") < stream_id(b"1000-0")
+    assert stream_id("5-10") > stream_id("5-9") and stream_id(b"7") == (7, 0)
+
+
+def test_first_use_lags():
+    published = [(4, 1.0), (8, 2.0), (12, 3.0), (16, 9.0)]
+    # (time, version acted with): version 4 first used at 1.5, 8 never directly (12 at 3.5 covers it),
+    # 12 at 3.5; 16 is published after the last action.
+    acts = [(0.5, 0), (1.2, 0), (1.5, 4), (2.5, 4), (3.5, 12), (4.0, 12)]
+    lags, censored = _first_use_lags(published, acts)
+    assert lags == pytest.approx([0.5, 1.5, 0.5]) and censored == 1
+
+
+def test_first_use_lags_grow_when_collectors_look_rarely():
+    """The figure the old benchmark could not produce: a collector that refreshes every 0.5 s."""
+    published = [(v, v * 0.005) for v in range(1, 201)]  # a version every 5 ms for 1 s
+    acts = [(t / 1000, 0 if t < 500 else 100 if t < 1000 else 200) for t in range(0, 1100, 1)]
+    lags, _ = _first_use_lags(published, acts)
+    assert max(lags) > 0.45

@@ -1,0 +1,165 @@
+"""The learner side of the replay-ratio limiter (``ReplayFeeder`` in workers/sources/replay.py).
+
+The feeder hands the trainer a batch only once the buffer holds ``replay_start_size`` rows and
+``train_iter - base_iter < train_iter_per_env_step * (env steps - base env steps)``, where the
+bases are the learner's train_iter and the buffer's consumed env steps when it started (after
+a resume: the checkpoint's train_iter and the durable count in the buffer stats). It also
+computes the ``envstep_limit`` published to collectors. Reader and learner are stand-ins with
+the attributes the feeder reads; the feeder itself is the real one.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from easydict import EasyDict
+
+from common import keys
+from workers.sources.replay import ReplayFeeder
+
+RATIO, LEAD, START, BATCH = 0.5, 256, 64, 32
+SCHEMA = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+          "next_obs": ((4,), np.float32), "done": ((), np.bool_), "discount": ((), np.float32)}
+
+
+@pytest.fixture
+def cfg(small_cfg):
+    c = EasyDict(copy.deepcopy(small_cfg))
+    c.policy.learn.update(train_iter_per_env_step=RATIO, max_env_step_lead=LEAD, batch_size=BATCH)
+    c.policy.other.replay_buffer.replay_start_size = START
+    return c
+
+
+def rows(n):
+    return {"obs": np.zeros((n, 4), np.float32), "action": np.zeros(n, np.int64), "reward": np.ones(n, np.float32),
+            "next_obs": np.zeros((n, 4), np.float32), "done": np.zeros(n, bool), "discount": np.ones(n, np.float32)}
+
+
+def make(fake_redis, cfg, train_iter=0, base_envstep=0, filled=START):
+    learner = SimpleNamespace(train_iter=train_iter, collector_envstep=0)
+    feeder = ReplayFeeder(fake_redis, cfg.exp_name, learner, cfg, SCHEMA, seed=0)
+    buf = feeder.store
+    if filled:
+        buf.extend(rows(filled))
+    feeder.reader = SimpleNamespace(env_steps=0, env_steps_base=base_envstep, error=None)
+    return feeder, learner, buf
+
+
+class Call:
+    """``feeder()`` in a thread, so a test can tell "returned" from "still waiting"."""
+
+    def __init__(self, feeder):
+        self.result = self.error = None
+        self._t = threading.Thread(target=self._run, args=(feeder,), daemon=True)
+        self._t.start()
+
+    def _run(self, feeder):
+        try:
+            self.result = feeder()
+        except BaseException as e:
+            self.error = e
+
+    def returned(self, within=3.0):
+        self._t.join(within)
+        return not self._t.is_alive()
+
+
+def release(conn, cfg, call):
+    """End a waiting call the way a run ends: the stop flag."""
+    conn.set(keys.stop(cfg.exp_name), "test over")
+    assert call.returned(3.0), "the feeder did not return at the stop flag"
+    assert call.result is None
+
+
+def test_no_batch_before_replay_start_size(fake_redis, cfg):
+    feeder, _, buf = make(fake_redis, cfg, filled=START - 1)
+    feeder.reader.env_steps = 10_000  # the ratio would allow plenty
+    call = Call(feeder)
+    assert not call.returned(0.6)
+    buf.extend(rows(1))
+    feeder.notify()
+    assert call.returned() and call.result["obs"].shape == (BATCH, 4)
+
+
+@pytest.mark.parametrize("train_iter, env_steps, allowed", [
+    (0, 0, False),    # nothing consumed yet
+    (0, 2, True),     # 0 < 0.5 * 2
+    (31, 64, True),   # 31 < 32
+    (32, 64, False),  # 32 iterations is what 64 env steps justify
+    (32, 66, True),
+])
+def test_ratio_ok(fake_redis, cfg, train_iter, env_steps, allowed):
+    feeder, learner, _ = make(fake_redis, cfg)
+    feeder.envstep_limit(0)  # before_run: the bases are taken at train_iter 0
+    learner.train_iter = train_iter
+    feeder.reader.env_steps = env_steps
+    call = Call(feeder)
+    assert call.returned(3.0 if allowed else 0.6) is allowed
+    assert learner.collector_envstep == env_steps
+    if allowed:
+        assert call.result["reward"].shape == (BATCH,)
+    else:
+        release(fake_redis, cfg, call)
+
+
+def test_waiting_trainer_wakes_when_env_steps_arrive(fake_redis, cfg):
+    feeder, learner, _ = make(fake_redis, cfg)
+    feeder.envstep_limit(0)
+    learner.train_iter = 32
+    feeder.reader.env_steps = 64
+    call = Call(feeder)
+    assert not call.returned(0.6)
+    feeder.reader.env_steps = 66
+    feeder.notify()
+    assert call.returned() and call.result is not None
+
+
+def test_envstep_limit(fake_redis, cfg):
+    feeder, _, _ = make(fake_redis, cfg)
+    assert feeder.envstep_limit(0) == 0 + max(START, 0) + LEAD
+    assert feeder.envstep_limit(100) == 0 + 100 / RATIO + LEAD
+    # Env steps the reader consumed since start do not move the limit: it counts from the base.
+    feeder.reader.env_steps = 150
+    assert feeder.envstep_limit(100) == 0 + 100 / RATIO + LEAD
+
+
+def test_envstep_limit_without_ratio_is_unbounded(fake_redis, cfg):
+    cfg.policy.learn.train_iter_per_env_step = 0
+    feeder, learner, _ = make(fake_redis, cfg)
+    assert feeder.envstep_limit(10_000) >= 2**62
+    learner.train_iter = 10_000
+    assert Call(feeder).returned()  # no ratio: only replay_start_size gates
+
+
+def test_resume_counts_from_checkpoint_iter_and_durable_env_steps(fake_redis, cfg):
+    # A replacement learner loaded train_iter 500; the buffer had consumed 1,000 env steps before it.
+    feeder, learner, _ = make(fake_redis, cfg, train_iter=500, base_envstep=1000)
+    assert feeder.envstep_limit(500) == 1000 + START + LEAD
+    assert feeder.envstep_limit(700) == 1000 + 200 / RATIO + LEAD
+    # Nothing consumed since the resume: no iteration yet (from-scratch bases would allow ~500).
+    call = Call(feeder)
+    assert not call.returned(0.6)
+    assert learner.collector_envstep == 1000
+    # 10 env steps since the resume justify 5 iterations past train_iter 500.
+    feeder.reader.env_steps = 10
+    feeder.notify()
+    assert call.returned() and call.result is not None
+    assert learner.collector_envstep == 1010
+    learner.train_iter = 504
+    assert Call(feeder).returned()
+    learner.train_iter = 505
+    call = Call(feeder)
+    assert not call.returned(0.6)
+    release(fake_redis, cfg, call)
+
+
+def test_reader_error_is_raised(fake_redis, cfg):
+    feeder, _, _ = make(fake_redis, cfg)
+    feeder.reader.error = ConnectionError("boom")
+    call = Call(feeder)
+    assert call.returned()
+    assert isinstance(call.error, RuntimeError) and "boom" in str(call.error)
