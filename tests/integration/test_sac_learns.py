@@ -63,9 +63,9 @@ def test_sac_learns_pendulum_and_rqrl_eval_plays_it(tmp_path, redis_server):
     assert m and int(m.group(2)) == 3, res.stdout
     mean = float(m.group(1))
     print(f"rqrl eval of the SAC final.pt (train_iter {bundle['train_iter']}): {mean:.1f}")
-    # Played, and judged loosely: final.pt is a few updates past the converged eval, and 3 episodes
-    # from random starts vary a lot; Pendulum returns lie in about [-1700, 0].
-    assert -1700.0 <= mean <= 0.0
+    # Judged loosely (3 episodes from random starts vary a lot; measured: -130 twice), but above what
+    # an untrained policy scores (about -1200 to -1500).
+    assert -1100.0 <= mean <= 0.0
 
 
 @pytest.mark.timeout(400)

@@ -114,6 +114,16 @@ def test_actions_are_rescaled_to_the_asymmetric_box():
                                [LOW, HIGH, (LOW + HIGH) / 2], rtol=1e-6)
 
 
+def test_spec_read_from_a_gymnasium_box_is_the_asymmetric_one():
+    from gymnasium import spaces as gs
+
+    from common.spaces import from_spaces
+
+    obs = gs.Box(-np.inf, np.inf, (3,), np.float32)
+    act = gs.Box(low=LOW.astype(np.float32), high=HIGH.astype(np.float32), dtype=np.float32)
+    assert from_spaces("AsymBox-v0", obs, act) == ASYM
+
+
 def test_random_actions_cover_the_whole_box_uniformly():
     p = make()
     obs = np.zeros((20_000, 3), np.float32)
