@@ -1,14 +1,22 @@
-"""Chaos run: train CartPole while killing collectors, the learner and the coordinator.
+"""Chaos run: train CartPole while killing collectors, the learner, the coordinator and Redis.
 
     python -m tests.chaos.chaos --seed 0 --collector-kills 3 [--duration 240] [--stop-value 195]
+        [--redis-restart] [--oom]
 
 Processes (all real): a private redis-server, ``python -m coordinator``, ``rq worker
-collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs: the learner's
-work-horse once (first, once a checkpoint exists), then in seeded order random collector tasks
-(the work-horse, or the horse and its ``rq worker`` parent) and the coordinator once (restarted
-with the same command, as a supervisor would). Killed worker parents are restarted too. At the end it prints one table: per kill, the
-seconds until the coordinator declared the task dead (its record left ``rqrl:{exp}:tasks``) or,
-for the coordinator, until the restarted one resumed; then the chunk accounting of the buffer
+collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs: the
+learner's work-horse once (first, once a checkpoint exists), then in seeded order random
+collector tasks (the work-horse, or the horse and its ``rq worker`` parent) and the coordinator
+once (restarted with the same command, as a supervisor would). Killed worker parents are
+restarted too. With ``--redis-restart`` Redis runs with AOF (``appendfsync everysec``, as
+deploy/redis/redis.conf) and is restarted once mid-run (SIGTERM, then the same command on the
+same port and data dir); with ``--oom`` Redis's ``maxmemory`` is then lowered to what it uses
+plus 256 KB, which must stop the run cleanly ("Redis out of memory", summary.json, rq workers
+alive, ``rqrl status`` answering); the harness raises the limit again and starts the
+coordinator anew, as an operator would, and that run must converge. At the end it prints one
+table: per kill, the seconds until the coordinator declared the task dead (its record left
+``rqrl:{exp}:tasks``), for the coordinator until the restarted one resumed, for Redis until
+training went on (or the run stopped); then the chunk accounting of each run's buffer
 (produced = consumed + expired + corrupt + malformed + unconsumed, duplicates).
 """
 
@@ -36,7 +44,7 @@ CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
 class Chaos:
     def __init__(self, seed: int, collectors: int, collector_kills: int, duration: float, stop_value: float,
-                 workdir: Path) -> None:
+                 workdir: Path, redis_restart: bool = False, oom: bool = False) -> None:
         self.rng = random.Random(seed)
         self.seed = seed
         self.n_collectors = collectors
@@ -45,13 +53,16 @@ class Chaos:
         self.stop_value = stop_value
         self.dir = workdir
         self.exp = f"chaos_s{seed}"
-        self.redis = EmbeddedRedis().start()
+        self.redis_restart, self.oom = redis_restart, oom
+        aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if redis_restart else []
+        self.redis = EmbeddedRedis(aof).start()
         self.url = self.redis.url
         self.conn = connect(self.url)
         self.env = dict(os.environ, RQRL_REDIS_URL=self.url, RQ_REDIS_URL=self.url, PYTHONUNBUFFERED="1",
                         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         self.procs: dict[str, subprocess.Popen] = {}
         self.kills: list[dict[str, Any]] = []
+        self.accounting: list[dict[str, Any]] = []  # chunk accounting of runs ended mid-chaos (OOM)
         (self.dir / "log").mkdir(parents=True, exist_ok=True)
 
     # -- processes ----------------------------------------------------------------------------
@@ -166,6 +177,73 @@ class Chaos:
                            "detect_s": None if resumed is None else round(time.monotonic() - t_kill, 2),
                            "same_run": same_run})
 
+    def _alive(self) -> bool:
+        try:
+            return bool(self.conn.ping())
+        except Exception:  # noqa: BLE001 - restarting: any client error means "not yet"
+            return False
+
+    def _restart_redis(self) -> None:
+        """SIGTERM redis-server (it writes its AOF), start it again on the same port and data dir."""
+        before, argv = self.train_iter(), self.redis.proc.args
+        t_kill = time.monotonic()
+        self.redis.proc.terminate()
+        self.redis.proc.wait(timeout=30)
+        self.redis.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           start_new_session=True)
+        self._wait(self._alive, 30)
+        went_on = self._wait(lambda: self._safe(lambda: self.train_iter() > before + 20
+                                                or self.conn.exists(keys.stop(self.exp))), 90)
+        stop = self._safe(lambda: self.conn.get(keys.stop(self.exp)))
+        outcome = f"stopped: {stop.decode()}" if stop else ("training went on" if went_on is not None else "STUCK")
+        self.kills.append({"what": "redis-server restart (AOF)", "task_id": "-", "outcome": outcome,
+                           "detect_s": None if went_on is None else round(time.monotonic() - t_kill, 2)})
+
+    def _safe(self, fn):
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - Redis restarting
+            return None
+
+    def _out_of_memory(self) -> None:
+        """Lower maxmemory until the run hits OOM; it must stop cleanly; then rerun with room."""
+        used = int(self.conn.info("memory")["used_memory"])
+        t0 = time.monotonic()
+        self.conn.config_set("maxmemory", used + 256 * 1024)
+        coord = self.procs["coordinator"]
+        stopped = self._wait(lambda: coord.poll() is not None, 120)
+        summary_path = self.dir / self.exp / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        workers = {n: p.poll() is None for n, p in self.procs.items() if n != "coordinator"}
+        status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status", "--exp", self.exp], env=self.env,
+                                capture_output=True, text=True, timeout=60)
+        self.kills.append({"what": "redis out of memory (max = used+256K)", "task_id": "-",
+                           "detect_s": None if stopped is None else round(time.monotonic() - t0, 2),
+                           "outcome": f"exit {coord.returncode}: {summary.get('status', 'no summary.json')}",
+                           "oom_stop": str(summary.get("status", "")).startswith("Redis out of memory"),
+                           "workers_alive": all(workers.values()), "status_ok": status.returncode == 0})
+        self.accounting.append(self._chunks(summary.get("buffer_id", "")))
+        # The operator raises the limit and starts the run again.
+        self.conn.config_set("maxmemory", 0)
+        self._start("coordinator", self._coordinator_argv())
+        self.rerun_t0 = time.monotonic()
+
+    def _chunks(self, buffer_id: str) -> dict[str, int]:
+        """Chunk accounting of one buffer (empty when its stream is gone)."""
+        if not buffer_id:
+            return {}
+        stream = keys.buffer_meta(self.exp, buffer_id)
+        groups = [g for g in self._safe(lambda: self.conn.xinfo_groups(stream)) or []
+                  if g["name"] == keys.LEARNER_GROUP.encode()]
+        if not groups:
+            return {}
+        raw = {k.decode(): int(v) for k, v in self.conn.hgetall(keys.buffer_stats(self.exp, buffer_id)).items()}
+        last = groups[0]["last-delivered-id"]
+        undelivered = len(self.conn.xrange(stream, min=f"({last.decode()}", max="+"))
+        acc = {k: raw.get(k, 0) for k in ("produced", "consumed", "expired", "corrupt", "malformed", "duplicate")}
+        acc["unconsumed"] = undelivered + int(groups[0]["pending"])
+        return acc
+
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -175,9 +253,11 @@ class Chaos:
             self._worker(f"collector{i}", keys.COLLECTOR_QUEUE)
         # The learner goes first, right after its first checkpoint: killed later, the run may converge
         # before its death is detected, and its resume would go unchecked. The rest in seeded order.
-        rest = ["collector"] * self.collector_kills + ["coordinator"]
+        rest = ["collector"] * self.collector_kills + ["coordinator"] + (["redis"] if self.redis_restart else [])
         self.rng.shuffle(rest)
         plan = ["learner", *rest]
+        if self.oom:
+            plan.append("oom")  # it ends the run: last
         try:
             self._wait(lambda: self.train_iter() >= 200, 120)  # a checkpoint exists before any kill
             for step in plan:
@@ -190,9 +270,14 @@ class Chaos:
                     self._kill_task("collector", with_parent=self.rng.random() < 0.5)
                 elif step == "learner":
                     self._kill_task("learner", with_parent=False)
+                elif step == "redis":
+                    self._restart_redis()
+                elif step == "oom":
+                    self._out_of_memory()
                 else:
                     self._kill_coordinator()
-            code = self.procs["coordinator"].wait(timeout=max(10.0, self.duration - (time.monotonic() - t0) + 60))
+            started = getattr(self, "rerun_t0", t0)
+            code = self.procs["coordinator"].wait(timeout=max(10.0, self.duration - (time.monotonic() - started) + 60))
         finally:
             self._teardown()
         return self._report(code, time.monotonic() - t0)
@@ -217,19 +302,11 @@ class Chaos:
     def _report(self, code: int, wall: float) -> dict[str, Any]:
         summary_path = self.dir / self.exp / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        buffer_id = summary.get("buffer_id", "")
-        acc: dict[str, int] = {}
-        if buffer_id:
-            raw = {k.decode(): int(v) for k, v in self.conn.hgetall(keys.buffer_stats(self.exp, buffer_id)).items()}
-            stream = keys.buffer_meta(self.exp, buffer_id)
-            group = next(g for g in self.conn.xinfo_groups(stream) if g["name"] == keys.LEARNER_GROUP.encode())
-            last = group["last-delivered-id"]
-            undelivered = len(self.conn.xrange(stream, min=f"({last.decode()}", max="+"))
-            acc = {k: raw.get(k, 0) for k in ("produced", "consumed", "expired", "corrupt", "malformed", "duplicate")}
-            acc["unconsumed"] = undelivered + int(group["pending"])
+        acc = self._chunks(summary.get("buffer_id", ""))
         self.redis.stop()
         result = {"exit_code": code, "wall_s": round(wall, 1), "converged": code == 0,
-                  "last_eval": summary.get("last_eval_reward_mean"), "kills": self.kills, "chunks": acc}
+                  "last_eval": summary.get("last_eval_reward_mean"), "kills": self.kills, "chunks": acc,
+                  "earlier_runs_chunks": self.accounting}
         print(render(result))
         return result
 
@@ -243,12 +320,21 @@ def render(r: dict[str, Any]) -> str:
                  f"report at train iter {k['resumed_from_iter']})") if "resumed_from_iter" in k else ""
         if k.get("run_ended_first"):
             extra = "  (the run converged before the task's heartbeat expired)"
+        if "outcome" in k:
+            extra = f"  ({k['outcome']}"
+            if "workers_alive" in k:
+                extra += f"; rq workers {'alive' if k['workers_alive'] else 'DEAD'}, rqrl status " \
+                         f"{'answered' if k['status_ok'] else 'FAILED'}; rerun with room"
+            extra += ")"
         lines.append(f"{k['what']:<40} {k['task_id']:<34} {k['detect_s'] if k['detect_s'] is not None else ('-' if k.get('run_ended_first') else 'NEVER'):>16}"
                      + extra)
+    fmt = ("produced {produced} = consumed {consumed} + expired {expired} + corrupt {corrupt} "
+           "+ malformed {malformed} + unconsumed {unconsumed}; duplicates {duplicate}")
+    for c in r.get("earlier_runs_chunks", []):
+        lines += ["", "chunks of the run stopped by OOM: " + (fmt.format(**c) if c else "buffer stream dropped to make room")]
     c = r["chunks"]
     if c:
-        lines += ["", "chunks: produced {produced} = consumed {consumed} + expired {expired} + corrupt {corrupt} "
-                      "+ malformed {malformed} + unconsumed {unconsumed}; duplicates {duplicate}".format(**c)]
+        lines += ["", "chunks: " + fmt.format(**c)]
     return "\n".join(lines)
 
 
@@ -260,9 +346,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--duration", type=float, default=240.0, help="max_wall_seconds of the run")
     ap.add_argument("--stop-value", type=float, default=195.0)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--redis-restart", action="store_true", help="restart Redis (AOF on) once mid-run")
+    ap.add_argument("--oom", action="store_true", help="then make Redis run out of memory (ends that run; a rerun follows)")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rqrl-chaos-"))
-    return Chaos(args.seed, args.collectors, args.collector_kills, args.duration, args.stop_value, workdir).run()
+    return Chaos(args.seed, args.collectors, args.collector_kills, args.duration, args.stop_value, workdir,
+                 args.redis_restart, args.oom).run()
 
 
 if __name__ == "__main__":

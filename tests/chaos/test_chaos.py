@@ -1,4 +1,5 @@
-"""The chaos run as a test: kills of collectors, the learner and the coordinator; training must converge."""
+"""The chaos run as a test: kills of collectors, the learner and the coordinator, a Redis restart (AOF)
+and Redis running out of memory; training must converge (the run after the OOM stop)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(90
 def test_chaos_run_converges_detects_every_kill_and_loses_nothing(tmp_path, redis_server):
     # A high stop value keeps the run going long enough for every kill in the schedule.
     r = main(["--seed", "3", "--collector-kills", "2", "--stop-value", "400", "--duration", "240",
-              "--workdir", str(tmp_path)])
+              "--workdir", str(tmp_path), "--redis-restart", "--oom"])
     assert r["converged"], r
     whats = [k["what"] for k in r["kills"]]
     assert any(w.startswith("learner") for w in whats) and any(w.startswith("coordinator") for w in whats), whats
@@ -22,7 +23,17 @@ def test_chaos_run_converges_detects_every_kill_and_loses_nothing(tmp_path, redi
     detected = [k for k in r["kills"] if not k.get("run_ended_first")]
     assert any(k["what"].startswith("collector") for k in detected), r["kills"]
     assert any("resumed_from_iter" in k for k in detected), f"no learner kill was detected and checked: {r['kills']}"
+    redis_rows = [k for k in r["kills"] if k["what"].startswith("redis")]
+    assert [k["what"] for k in redis_rows] == ["redis-server restart (AOF)", "redis out of memory (max = used+256K)"]
+    restart, oom = redis_rows
+    assert restart["detect_s"] is not None and restart["outcome"] == "training went on", restart
+    assert oom["oom_stop"] and oom["workers_alive"] and oom["status_ok"], oom
+    for c in r["earlier_runs_chunks"]:  # nothing half-written was read in the run Redis restarted under
+        if c:
+            assert c["corrupt"] == c["malformed"] == 0, c
     for k in detected:
+        if k in redis_rows:
+            continue
         # Detection time is a figure of the chaos table (a benchmark); the test only needs each
         # death detected within the harness's 30 s window.
         assert k["detect_s"] is not None, k
