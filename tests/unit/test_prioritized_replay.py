@@ -265,9 +265,6 @@ def test_one_chunk_larger_than_capacity_keeps_its_last_rows():
     assert buf._tree.total == pytest.approx(8 * (1.0 + buf.eps))
 
 
-@pytest.mark.xfail(strict=True, reason="source bug: PrioritizedReplayBuffer accepts priority_eps <= 0; eps < 0 "
-                   "turns the sum tree into NaN, eps = 0 gives zero-priority rows and NaN IS weights once "
-                   "every |TD error| is 0 (Schaul et al.'s eps must be > 0)")
 @pytest.mark.parametrize("eps", [-1.0, 0.0])
 def test_non_positive_priority_eps_is_refused(eps):
     with pytest.raises(ValueError, match="priority_eps"):
