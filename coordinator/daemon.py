@@ -354,8 +354,9 @@ class Coordinator:
                 if ev.get("eval_flag") is True:
                     self._new_evals.append({
                         "task_id": tid, "run_id": self.run_id, "envstep": self.commander.total_envstep,
-                        "train_iter": ev.get("train_iter", 0), "reward_mean": ev["reward_mean"],
-                        "reward_std": ev.get("reward_std", 0.0), "episodes": ev.get("real_episode_count", 0),
+                        "train_iter": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
+                        "reward_mean": ev["reward_mean"], "reward_std": ev.get("reward_std", 0.0),
+                        "episodes": ev.get("real_episode_count", 0), "confirmation": ev.get("confirmation") is True,
                         "time": ev.get("ts", time.time())})
                 return converged
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",

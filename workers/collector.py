@@ -167,6 +167,7 @@ class Collector:
         info = stats.finish_info(steps, time.time() - start, self.policy_version, self._eval)
         info["policy_envstep"] = int(self._comm.policy_envstep)
         if self._eval:  # what was played is what the coordinator may export
+            info["confirmation"] = bool(replay_key)
             bundle = export.bundle(self._policy, self.policy_version)
             bundle["envstep"] = info["policy_envstep"]
             self._comm.store_evaluated(export.to_bytes(bundle), self.policy_version)

@@ -48,6 +48,22 @@ def run(configs: list[str], seeds: list[int], extra: list[str]) -> dict:
     return out
 
 
+def fixed_budget(name: str, seconds: float, seed: int = 0) -> dict:
+    """``rqrl train`` of config ``name`` for ``seconds`` (``commander.max_wall_seconds``): env steps/s,
+    train iterations/s and the eval return it reached (no convergence expected)."""
+    path = str(REPO / "deploy" / "configs" / f"{name}.py")
+    r = bench_solve.solve_once(path, seed, 2, [f"--set=commander.max_wall_seconds={seconds}",
+                                               "--set=commander.eval_every_train_iter=1000"])
+    wall = r.get("coordinator_wall_s") or r["wall_s"]
+    out = dict(r, config=name, budget_s=seconds,
+               env_steps_per_s=round((r["envstep"] or 0) / wall, 1) if wall else None,
+               train_iter_per_s=round((r["train_iter"] or 0) / wall, 1) if wall else None)
+    print(f"{name}: {seconds:g} s budget, exit {r['exit_code']}, {r['envstep']} env steps "
+          f"({out['env_steps_per_s']}/s), {r['train_iter']} train iters ({out['train_iter_per_s']}/s), "
+          f"last eval {r['eval_reward']}", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=["cartpole_dqn", "cartpole_ppo", "pendulum_sac"])

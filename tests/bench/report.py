@@ -38,11 +38,42 @@ def _default_transport(r: dict) -> dict:
     return t[min(t, key=int)]
 
 
+def _policy_ratio(dist: dict, ser: dict) -> Optional[dict]:
+    """Env steps at the passing policy version (distributed) / env steps to solve (serial), per seed."""
+    d = {x["seed"]: x for x in dist["runs"] if x["exit_code"] == 0 and x.get("policy_envstep")}
+    s = {x["seed"]: x for x in ser["runs"] if x["solved"]}
+    return spread([d[k]["policy_envstep"] / s[k]["envstep"] for k in d if k in s], 2)
+
+
+def _algo(r: dict, name: str) -> dict:
+    return r["algorithms"][name]
+
+
 # (figure, getter of a spread dict, unit, goal)
 GOALS: list[tuple[str, Callable[[dict], Optional[dict]], str, str]] = [
     ("time to solve CartPole, launch to exit (per seed)",
      lambda r: spread([x["wall_s"] for x in r["solve"]["runs"]], 1), "s", "<= 12"),
     ("env steps to solve vs single process (per seed)", _solve_ratio, "×", "<= 1.5"),
+    ("DQN env steps at the passing policy vs single process (per seed)",
+     lambda r: _policy_ratio(r["solve"], r["serial"]), "×", "<= 1.2"),
+    ("PPO CartPole time to solve (per seed)",
+     lambda r: spread([x["wall_s"] for x in _algo(r, "cartpole_ppo")["distributed"]["runs"]], 1), "s", "<= 12"),
+    ("PPO env steps at the passing policy vs single process (per seed)",
+     lambda r: _policy_ratio(_algo(r, "cartpole_ppo")["distributed"], _algo(r, "cartpole_ppo")["serial"]), "×", "<= 1.2"),
+    ("PPO stale chunks dropped (per seed)",
+     lambda r: spread([x["stale_chunks"] for x in _algo(r, "cartpole_ppo")["distributed"]["runs"]], 0), "", "<= 0"),
+    ("SAC Pendulum time to -250 (per seed)",
+     lambda r: spread([x["wall_s"] for x in _algo(r, "pendulum_sac")["distributed"]["runs"]], 1), "s", "<= 55.7"),
+    ("SAC env steps at the passing policy vs single process (per seed)",
+     lambda r: _policy_ratio(_algo(r, "pendulum_sac")["distributed"], _algo(r, "pendulum_sac")["serial"]), "×", "<= 1.2"),
+    ("learner cost of prioritized replay, DQN (per repeat pair)",
+     lambda r: spread([1 - p / u for u, p in zip(r["priorities"]["cartpole_dqn"]["uniform_it_per_s"],
+                                                 r["priorities"]["cartpole_dqn"]["prioritized_it_per_s"])], 3), "", "<= 0.15"),
+    ("learner cost of prioritized replay, SAC (per repeat pair)",
+     lambda r: spread([1 - p / u for u, p in zip(r["priorities"]["pendulum_sac"]["uniform_it_per_s"],
+                                                 r["priorities"]["pendulum_sac"]["prioritized_it_per_s"])], 3), "", "<= 0.15"),
+    ("final.pt re-evaluated on 20 fresh episodes: seeds below stop_value",
+     lambda r: spread([r["reeval"]["seeds"] - r["reeval"]["passed"]], 0), "", "<= 1"),
     ("collector env steps/s vs bare loop", lambda r: r["components"]["collector"]["collector_vs_bare"], "×", ">= 0.8"),
     ("transport MB/s vs raw redis-py, default n_sample rows",
      lambda r: _default_transport(r)["transport_vs_raw"], "×", ">= 0.8"),
@@ -105,6 +136,39 @@ def detail_tables(raw: dict) -> str:
         out += [f"| {x['seed']} | {x['solved']} | {x['envstep']} | {x['train_iter']} | {x['wall_s']} |"
                 for x in r["serial"]["runs"]]
         out.append("")
+    for name, x in r.get("algorithms", {}).items():
+        d, sr = x["distributed"], x["serial"]
+        out += [f"### {name}: `rqrl train` against the single process, per seed", "",
+                "| seed | exit | wall s | env steps at the passing policy | env steps at stop | serial env steps | "
+                "serial wall s | train iterations | eval reward | stale chunks |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        ser = {y["seed"]: y for y in sr["runs"]}
+        out += [f"| {y['seed']} | {y['exit_code']} | {y['wall_s']} | {y.get('policy_envstep')} | {y['envstep']} | "
+                f"{ser.get(y['seed'], {}).get('envstep')} | {ser.get(y['seed'], {}).get('wall_s')} | {y['train_iter']} | "
+                f"{y['eval_reward']} | {y.get('stale_chunks')} |" for y in d["runs"]]
+        out.append("")
+    if "priorities" in r:
+        out += ["### Learner train iterations/s, uniform against prioritized replay (in one process)", "",
+                "| config | uniform it/s per repeat | prioritized it/s per repeat | cost (median) |", "| --- | --- | --- | --- |"]
+        out += [f"| {k} | {v['uniform_it_per_s']} | {v['prioritized_it_per_s']} | {v['cost']:.1%} |"
+                for k, v in r["priorities"].items()]
+        out.append("")
+    if "reeval" in r:
+        x = r["reeval"]
+        out += [f"### final.pt re-evaluated ({x['episodes']} fresh episodes per seed, stop_value {x['stop_value']:g})", "",
+                f"{x['passed']} of {x['seeds']} seeds pass; median launch-to-exit {x['median_wall_s']} s.", "",
+                "| seed | exit | wall s | converging eval | re-eval mean | re-eval min | pass |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {y['seed']} | {y['exit_code']} | {y['wall_s']} | {y['run_eval']} | {y['reeval_mean']} | "
+                f"{y['reeval_min']} | {y['passed']} |" for y in x["runs"]]
+        out.append("")
+    if "halfcheetah" in r:
+        x = r["halfcheetah"]
+        out += [f"### SAC on HalfCheetah-v5, {x['budget_s']:g} s budget (no convergence expected on 2 cores)", "",
+                "| exit | env steps | env steps/s | train iterations | train iter/s | last eval return |",
+                "| --- | --- | --- | --- | --- | --- |",
+                f"| {x['exit_code']} | {x['envstep']} | {x['env_steps_per_s']} | {x['train_iter']} | "
+                f"{x['train_iter_per_s']} | {x['eval_reward']} |", ""]
     c = r.get("components", {})
     if "collector" in c:
         x = c["collector"]

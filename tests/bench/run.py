@@ -4,9 +4,11 @@
     python -m tests.bench.run --quick --no-docs       # a short check that every benchmark runs
 
 Runs, in order: time to solve (``rqrl train``, 5 seeds; 3 with --quick), the single-process
-baseline on the same config and seeds, the component benchmarks (collector vs bare loop,
-transport vs raw redis-py, policy propagation, per-task overhead, learner) and the coordinator
-scale test (8 / 64 / 256 simulated collectors).
+baseline on the same config and seeds, the same two for PPO (CartPole) and SAC (Pendulum, 3
+seeds), the learner with and without prioritized replay, the re-evaluation of final.pt on 20
+fresh episodes for 20 seeds, SAC on HalfCheetah for a fixed budget, the component benchmarks
+(collector vs bare loop, transport vs raw redis-py, policy propagation, per-task overhead,
+learner) and the coordinator scale test (8 / 64 / 256 simulated collectors).
 
 Writes ``docs/bench/<UTC date>T<time>-<host>.json``: date, machine, command, git commit and
 every repeat of every figure. Unless ``--no-docs``, it then rewrites the generated block of
@@ -29,7 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.bench import bench_components, bench_coordinator, bench_serial, bench_solve, report
+from tests.bench import (bench_algorithms, bench_components, bench_coordinator, bench_learner, bench_reeval,
+                         bench_serial, bench_solve, report)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="solve/serial seeds (default 0-4; 0-2 with --quick)")
     ap.add_argument("--repeats", type=int, default=None, help="component repeats (default 3; 2 with --quick)")
     ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
-    ap.add_argument("--parts", nargs="+", default=["solve", "serial", "components", "coordinator"])
+    ap.add_argument("--parts", nargs="+", default=["solve", "serial", "algorithms", "priorities", "reeval", "halfcheetah",
+                                                   "components", "coordinator"])
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
     args = ap.parse_args(argv)
@@ -103,6 +107,18 @@ def main(argv: list[str] | None = None) -> int:
         _part(r, errors, "solve", lambda: bench_solve.main(["--seeds", *seeds]))
     if "serial" in args.parts:
         _part(r, errors, "serial", lambda: bench_serial.main(["--seeds", *seeds]))
+    if "algorithms" in args.parts:  # PPO (5 seeds) and SAC (3) against their serial runs; DQN is "solve"
+        _part(r, errors, "algorithms", lambda: {
+            **bench_algorithms.run(["cartpole_ppo"], [int(x) for x in seeds], [])["results"],
+            **bench_algorithms.run(["pendulum_sac"], [int(x) for x in seeds[:3]], [])["results"]})
+    if "priorities" in args.parts:
+        _part(r, errors, "priorities", lambda: bench_learner.main(
+            ["--iters", "500" if args.quick else "2000", "--repeats", str(repeats)]))
+    if "reeval" in args.parts:
+        _part(r, errors, "reeval", lambda: bench_reeval.main(["--seeds", "4" if args.quick else "20"]))
+    if "halfcheetah" in args.parts:
+        _part(r, errors, "halfcheetah", lambda: bench_algorithms.fixed_budget(
+            "halfcheetah_sac", 60.0 if args.quick else 180.0))
     if "components" in args.parts:
         _part(r, errors, "components", lambda: bench_components.main(
             (["--quick"] if args.quick else []) + ["--repeats", str(repeats)]))

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from easydict import EasyDict
 
-from common import keys, serialization, streams
-from common.policy import create_policy
+from common import keys, lease, serialization, streams
+from common.seeding import env_seeds
 from coordinator.commander import SoloCommander
 from workers.collector import Collector
 from workers.comm_collector import RedisCommCollector
 from workers.comm_learner import publish_policy
-from workers.task import grant_lease
+from tests.conftest import initial_weights
 
 pytestmark = pytest.mark.redis_server
 
@@ -40,8 +40,8 @@ def run_task(conn, small_cfg):
     learner = commander.get_learner_task()
     task = commander.get_collector_task()
     task["collect_setting"] = {"eps": 0.5}
-    grant_lease(conn, cfg.exp_name, task["task_id"], 600)
-    weights = create_policy(cfg, enable_field=("learn",), device="cpu").publishable_state()
+    lease.grant(conn, cfg.exp_name, task["task_id"], 600)
+    weights = initial_weights(cfg)
     publish_policy(conn, cfg.exp_name, learner["policy_id"], weights, 0, 2**40)
     comm = RedisCommCollector(conn, task, 600)
     Collector(cfg, task, comm).run()
@@ -87,8 +87,10 @@ def test_nstep_rows_through_the_real_collector(real_redis, small_cfg):
     assert nstep == 3
     n = len(rows["reward"])
     assert n == STEPS  # one row per env step, none lost at episode ends or at the task's end
-    assert sizes[:-1] == [N_SAMPLE] * (len(sizes) - 1) and sizes[-1] == STEPS % N_SAMPLE
-    exp, steps = expected_rows(cfg, int(task["seed"]), rows["action"], nstep, gamma)
+    # A chunk is sent once it holds n_sample rows; an episode end emits up to nstep rows at once and
+    # rows are never split across chunks (each chunk has one policy version tag).
+    assert all(N_SAMPLE <= k < N_SAMPLE + nstep for k in sizes[:-1]) and 0 < sizes[-1] < N_SAMPLE + nstep, sizes
+    exp, steps = expected_rows(cfg, env_seeds(int(task["seed"]), 1)[0], rows["action"], nstep, gamma)
     # Rows are emitted in time order for one env (episode-end and task-end flushes included).
     np.testing.assert_allclose(rows["obs"], np.stack([e[0] for e in exp]), rtol=1e-6)
     np.testing.assert_allclose(rows["reward"], [e[2] for e in exp], rtol=1e-5)

@@ -54,7 +54,7 @@ def stats(conn: redis.Redis) -> dict[str, int]:
 
 
 def add_entry(conn: redis.Redis, data_id: str, n: int) -> None:
-    streams.add(conn, keys.buffer_meta(EXP, BUF), {"data_id": data_id, "n_samples": n, "env_steps": n})
+    streams.add(conn, keys.buffer_meta(EXP, BUF), {"data_id": data_id, "n_samples": n, "env_steps": n, "policy_version": 0})
 
 
 @pytest.mark.parametrize("same_batch", [True, False], ids=["one-batch", "two-batches"])
@@ -80,7 +80,7 @@ def make_collector(conn: redis.Redis) -> RedisCommCollector:
 
 def stage(comm: RedisCommCollector, data_id: str, n: int) -> None:
     comm.send_stepdata(data_id, chunk(n, 2.0))
-    comm.send_metadata({"data_id": data_id, "policy_iter": 0, "n_samples": n, "env_steps": n})
+    comm.send_metadata({"data_id": data_id, "policy_version": 0, "n_samples": n, "env_steps": n})
 
 
 @pytest.mark.parametrize("consumed_before_retry", [False, True], ids=["retry-first", "consumed-first"])
