@@ -103,6 +103,10 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         # this many fresh episodes (other seeds) before the run converges; 0 = converge at once.
         # final.pt holds exactly the confirmed weights; best.pt the best-evaluated so far.
         confirm_eval_episodes=20,
+        # ... and the confirmation passes only when its mean minus this many standard errors
+        # (reward_std / sqrt(episodes)) still reaches stop_value: a policy that passed by luck
+        # near the threshold trains on instead of being exported.
+        confirm_margin_se=2.0,
         # Give up (exit non-zero) when one of these passes without convergence (0 = no limit).
         max_env_step=0,
         max_train_iter=0,

@@ -81,16 +81,19 @@ class RedisUnavailable(RuntimeError):
     """Redis cannot be reached or refused the credentials (the message has the redacted URL)."""
 
 
-def connect_checked(url: str | None = None, *, socket_timeout: float | None = 60.0) -> redis.Redis:
+def connect_checked(url: str | None = None, *, socket_timeout: float | None = 60.0, patient: bool = True) -> redis.Redis:
     """:func:`connect`, then PING. Wrong credentials fail at once; an unreachable server is
-    retried with backoff first (a restarting Redis is given its ~10 s).
+    retried with backoff first (a restarting Redis is given its ~10 s) unless ``patient`` is
+    False (an interactive command: one try, at most 2 s).
 
     Raises:
         RedisUnavailable: naming the URL with its password redacted.
     """
     url = resolve_url(url)
+    timeout = 5 if patient else 2
     try:
-        probe = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5, retry=Retry(ExponentialBackoff(), 0))
+        probe = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout,
+                                     retry=Retry(ExponentialBackoff(), 0))
         try:
             probe.ping()
         finally:
@@ -99,8 +102,10 @@ def connect_checked(url: str | None = None, *, socket_timeout: float | None = 60
         raise RedisUnavailable(f"Redis at {redact(url)} refused us: {scrub(str(e), url)}") from None
     except ValueError as e:
         raise RedisUnavailable(f"bad redis url {redact(url)}: {scrub(str(e), url)}") from None
-    except redis.RedisError:
-        pass  # unreachable just now: the retrying client below tries again
+    except redis.RedisError as e:
+        if not patient:
+            raise RedisUnavailable(f"cannot reach Redis at {redact(url)}: {scrub(str(e), url)}") from None
+        # unreachable just now: the retrying client below tries again
     try:
         conn = connect(url, socket_timeout=socket_timeout)
         conn.ping()

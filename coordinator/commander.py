@@ -28,6 +28,7 @@ The loop a commander serves (driven by coordinator/daemon.py)::
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -257,7 +258,9 @@ class SoloCommander(BaseCommander):
         return False
 
     def _judge_eval(self, task_id: str, finished_task: dict, train_iter: int) -> bool:
-        """Record an eval; True when the run converged (an eval passed and, if asked, its confirmation)."""
+        """Record an eval; True when the run converged: an eval reached stop_value and, when
+        ``confirm_eval_episodes`` > 0, a second eval of the same weights on that many fresh
+        episodes did so by ``confirm_margin_se`` standard errors."""
         reward = float(finished_task["reward_mean"])
         record = dict(finished_task, envstep=self.total_envstep, time=self._clock(), train_iter=train_iter, task_id=task_id)
         self._evaluator_info.append(record)
@@ -269,9 +272,12 @@ class SoloCommander(BaseCommander):
         confirming = self._confirm is not None and self._confirm.get("dispatched") == task_id
         if confirming:
             self._confirm = None
+            n = max(1, int(finished_task.get("real_episode_count") or 1))
+            bound = reward - float(self._commander_cfg.confirm_margin_se) * float(finished_task.get("reward_std") or 0.0) / math.sqrt(n)
+            passed = stop_value is not None and bound >= stop_value
             if not passed:
-                self._log("confirmation eval of policy version %d: reward_mean %.2f < stop_value %s; training goes on",
-                          train_iter, reward, stop_value)
+                self._log("confirmation eval of policy version %d: reward_mean %.2f (%.2f after the margin) < "
+                          "stop_value %s; training goes on", train_iter, reward, bound, stop_value)
                 return False
         elif passed and self._commander_cfg.confirm_eval_episodes > 0:
             self._confirm = {"task_id": task_id}

@@ -17,6 +17,7 @@ matplotlib runs on its Agg canvas (no display, no pyplot global state), imported
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -190,6 +191,39 @@ def evals_from_list(conn: Any, exp: str) -> tuple[list[dict[str, Any]], Optional
     return points, t0
 
 
+def evals_from_folder(run_dir: Path) -> tuple[list[dict[str, Any]], Optional[float], Optional[float]]:
+    """Eval points from a run folder's ``evals.jsonl`` (written by the coordinator as the run goes),
+    the run's start and its stop value (from ``summary.json``, when there).
+
+    Raises:
+        ValueError: no ``evals.jsonl`` there, or a line that is not JSON (names the file).
+    """
+    import json
+
+    path = run_dir / "evals.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist (is {run_dir} the folder of a run?)")
+    points: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} line {n}: not JSON ({e})") from None
+        if ev.get("task_id") in seen:
+            continue
+        seen.add(ev.get("task_id"))
+        points.append(ev)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    sv = summary.get("stop_value")
+    stop_value = float(sv) if isinstance(sv, (int, float)) and not isinstance(sv, bool) else None
+    t0 = points[0]["time"] if points else None
+    return points, t0, stop_value
+
+
 def events_trimmed(conn: Any, exp: str) -> str:
     """Why ``rqrl:{exp}:events`` no longer holds the whole run ("" when nothing was removed)."""
     import redis
@@ -218,7 +252,10 @@ def events_trimmed(conn: Any, exp: str) -> str:
 
 # ---------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--exp", required=True, help="experiment name (exp_name in the config)")
+    p.add_argument("--exp", default=None, help="experiment name (exp_name in the config)")
+    p.add_argument("--run-dir", default=None,
+                   help="a run's folder (./EXP after rqrl train): read its evals.jsonl, no Redis needed. "
+                        "Default when neither --redis-url nor $RQRL_REDIS_URL is given and ./EXP/evals.jsonl exists")
     p.add_argument("--redis-url", default=None,
                    help="redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)")
     p.add_argument("--out", default=None, help="PNG to write (default: ./EXP/curve.png)")
@@ -233,6 +270,25 @@ def run(args: argparse.Namespace) -> int:
     from common import keys, streams
     from common.connection import connect, redact, resolve_url, scrub
 
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is None and args.exp and not (args.redis_url or os.environ.get("RQRL_REDIS_URL")) \
+            and (Path(args.exp) / "evals.jsonl").is_file():
+        run_dir = Path(args.exp)  # after `rqrl train`, whose private Redis is gone: the run folder has it all
+    if run_dir is not None:
+        try:
+            points, t0, folder_stop = evals_from_folder(run_dir)
+        except ValueError as e:
+            print(f"rqrl curve: error: {e}", file=sys.stderr)
+            return 1
+        if not points:
+            print(f"rqrl curve: error: no evals in {run_dir / 'evals.jsonl'}", file=sys.stderr)
+            return 1
+        stop_value = args.stop_value if args.stop_value is not None else folder_stop
+        return _draw(points, stop_value, Path(args.out) if args.out else run_dir / "curve.png", t0,
+                     args.exp or run_dir.name)
+    if not args.exp:
+        print("rqrl curve: error: give --exp (with Redis) or --run-dir", file=sys.stderr)
+        return 1
     url = resolve_url(args.redis_url)
     try:
         keys.exp_prefix(args.exp)
@@ -259,8 +315,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"rqrl curve: error: no finished eval events in {keys.events(args.exp)} at {redact(url)}",
               file=sys.stderr)
         return 1
-    out = Path(args.out) if args.out else Path(args.exp) / "curve.png"
-    plot_curve(points, stop_value, out, t0=t0, title=args.exp)
+    return _draw(points, stop_value, Path(args.out) if args.out else Path(args.exp) / "curve.png", t0, args.exp)
+
+
+def _draw(points: list[dict[str, Any]], stop_value: Optional[float], out: Path, t0: Optional[float], title: str) -> int:
+    plot_curve(points, stop_value, out, t0=t0, title=title)
     last = points[-1]
     print(f"{out}: {len(points)} evals, last reward_mean {last['reward_mean']:g} at {last['envstep']:,} env steps"
           + (f" (stop value {stop_value:g})" if stop_value is not None else ""), flush=True)

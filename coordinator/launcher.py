@@ -9,6 +9,7 @@ private Redis down on success, failure and Ctrl-C.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -55,6 +56,7 @@ class Progress:
         self.train_iter = 0
         self.eval: Optional[float] = None
         self.t0 = time.time()
+        self.wall: Optional[float] = None  # the run's wall seconds once summary.json says
         self.tty = sys.stderr.isatty()
         self._last_print = 0.0
 
@@ -65,10 +67,21 @@ class Progress:
         elif ev.get("type") == "finished" and ev.get("eval_flag") is True:
             self.eval = float(ev.get("reward_mean", 0.0))
 
+    def from_summary(self, summary: dict[str, Any]) -> None:
+        """Take the run's final figures (summary.json) for the closing line."""
+        self.envstep = int(summary.get("envstep") or self.envstep)
+        self.train_iter = int(summary.get("train_iter") or self.train_iter)
+        last = summary.get("last_eval_reward_mean")
+        if isinstance(last, (int, float)) and not isinstance(last, bool):
+            self.eval = float(last)
+        if summary.get("wall_seconds"):
+            self.wall = float(summary["wall_seconds"])
+
     def line(self) -> str:
         ev = "-" if self.eval is None else f"{self.eval:.1f}"
+        secs = self.wall if self.wall is not None else time.time() - self.t0
         return (f"env steps {self.envstep:>8,} | train iter {self.train_iter:>7,} | "
-                f"eval {ev:>6} / {self.stop_value:g} | {time.time() - self.t0:6.1f} s")
+                f"eval {ev:>6} / {self.stop_value:g} | {secs:6.1f} s")
 
     def show(self, final: bool = False) -> None:
         now = time.time()
@@ -203,6 +216,11 @@ class Launcher:
                     warned.add(name)
                     print(f"\nworker {name} exited with code {proc.returncode}; see {self.log_dir / (name + '.log')}",
                           file=sys.stderr)
+        # The closing line shows the figures of summary.json (the learner may report a little more
+        # after the coordinator's snapshot at the stop): one set of numbers per run.
+        summary_path = self.out_dir / self.cfg.exp_name / "summary.json"
+        if summary_path.is_file():
+            progress.from_summary(json.loads(summary_path.read_text()))
         progress.show(final=True)
         code = coord.returncode
         tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()

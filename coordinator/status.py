@@ -64,12 +64,19 @@ def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, An
     names = [exp] if exp else sorted(n.decode() for n in conn.smembers(keys.experiments()))
     for e in names:
         summary = streams.decode_fields(conn.hgetall(keys.commander(e)))
+        summary.pop("state", None)  # the coordinator's persisted state (a JSON string), not a figure
         stop = conn.get(keys.stop(e))
         tasks = []
-        for k in conn.scan_iter(match=f"{keys.exp_prefix(e)}:task:*:heartbeat", count=1000):
-            tid = k.decode().split(":")[-2]
-            ttl = conn.pttl(k)
-            tasks.append({"task_id": tid, "heartbeat_ttl_s": round(ttl / 1000, 1) if ttl > 0 else 0})
+        # Executing = started and still in the coordinator's running tasks; a finished task's
+        # heartbeat key lingers until its TTL runs out, so the key alone is not enough.
+        running = {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.tasks(e)).items()}
+        executing = sorted(t for t, rec in running.items() if rec.get("started"))
+        pipe = conn.pipeline(transaction=False)
+        for tid in executing:
+            pipe.pttl(keys.heartbeat(e, tid))
+        for tid, ttl in zip(executing, pipe.execute() if executing else []):
+            tasks.append({"task_id": tid, "kind": running[tid].get("kind", ""),
+                          "heartbeat_ttl_s": round(ttl / 1000, 1) if ttl > 0 else 0})
         out["experiments"][e] = {
             "summary": summary,
             "stopped": stop.decode() if stop else "",
@@ -121,7 +128,7 @@ def render(status: dict[str, Any]) -> str:
 def run_status(redis_url: Optional[str], exp: Optional[str], watch: bool = False, as_json: bool = False) -> int:
     """Print the status once (or every 2 s with ``watch``); returns an exit code."""
     try:
-        conn = connect_checked(redis_url, socket_timeout=5)
+        conn = connect_checked(redis_url, socket_timeout=5, patient=False)
     except RedisUnavailable as e:
         print(e, file=sys.stderr)
         return 1

@@ -105,7 +105,10 @@ def source_line(raw: dict, json_path: Optional[Path] = None) -> str:
                if m.get("redis_server_coordinator_bench") else "") + "; load average "
             f"{m['loadavg_at_start'][0]:.2f} at start, {m.get('loadavg_at_end', [0])[0]:.2f} at end. Command: "
             f"`{raw['command']}` at commit `{raw['git_commit'][:10]}`{' (uncommitted changes)' if raw['git_dirty'] else ''}. "
-            f"Raw output: {where}.")
+            f"Raw output: {where}."
+            + (f" The parts {', '.join(raw['reused']['parts'])} are reused from the earlier run "
+               f"[{raw['reused']['file']}](bench/{raw['reused']['file']}) ({raw['reused']['date']}, commit "
+               f"`{(raw['reused']['git_commit'] or '')[:10]}`)." if raw.get("reused") else ""))
 
 
 def summary_table(raw: dict) -> str:

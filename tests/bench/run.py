@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "components", "coordinator"])
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
+    ap.add_argument("--reuse", default=None, metavar="RAW.json",
+                    help="take the parts not run now from this earlier raw JSON (recorded as reused, with its file)")
     args = ap.parse_args(argv)
     seeds = [str(s) for s in (args.seeds or ([0, 1, 2] if args.quick else [0, 1, 2, 3, 4]))]
     repeats = args.repeats or (2 if args.quick else 3)
@@ -127,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
             ["--sims", *map(str, args.sims), "--seconds", "5" if args.quick else "10",
              "--burst", "20000" if args.quick else "50000", "--repeats", "1" if args.quick else "3"]))
     raw["machine"]["loadavg_at_end"] = list(os.getloadavg())
+    if args.reuse:  # figures of an earlier run, kept with where they came from
+        earlier = json.loads(Path(args.reuse).read_text())
+        reused = {k: v for k, v in earlier.get("results", {}).items() if k not in r}
+        r.update(reused)
+        raw["reused"] = {"file": Path(args.reuse).name, "date": earlier.get("date"),
+                         "git_commit": earlier.get("git_commit"), "parts": sorted(reused)}
     raw["results"] = r
     raw["errors"] = errors
     out_dir = Path(args.out_dir)

@@ -46,8 +46,17 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     out = tmp_path / exp
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["last_eval_reward_mean"] >= 150
+    # The closing progress line carries the summary's numbers (one set of figures per run).
+    closing = [ln for ln in res.stderr.replace("\r", "\n").splitlines() if ln.startswith("env steps")][-1]
+    assert f"{summary['envstep']:,} | train iter {summary['train_iter']:>7,}" in closing, (closing, summary)
+    # Exactly the weights the converging eval played; best.pt beside it.
     final = torch.load(out / "final.pt", weights_only=True)
     assert final["algorithm"] == "dqn" and final["spaces"]["action_n"] == 2
+    assert final["train_iter"] == summary["final_policy_version"] and (out / "best.pt").is_file()
+    # `rqrl curve` after the run, whose private Redis is gone: from the run folder.
+    curve = _rqrl("curve", "--exp", exp, "--out", str(tmp_path / "again.png"), cwd=tmp_path)
+    assert curve.returncode == 0 and "evals" in curve.stdout, curve.stdout + curve.stderr
+    assert (tmp_path / "again.png").stat().st_size > 1000
     assert "encoder.0.weight" in final["weights"] and final["weights"]["encoder.0.weight"].device.type == "cpu"
     assert final["train_iter"] > 0
     assert (out / "curve.png").stat().st_size > 1000

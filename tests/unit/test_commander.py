@@ -367,8 +367,20 @@ def test_passing_eval_is_confirmed_on_the_same_weights_before_converging(small_c
     assert conf["eval_flag"] and conf["eval_episodes"] == 20
     assert conf["eval_policy_key"] == keys.evaluated_policy(small_cfg.exp_name, ev["task_id"])
     assert conf["seed"] != ev["seed"]
-    assert c.finish_collector_task(conf["task_id"], finished(conf, reward_mean=stop, train_iter=1)) is True
-    assert c.end_flag and c.final_eval_task == conf["task_id"]
+    # Mean 196, std 10 over 20 episodes: 196 - 2 * 10 / sqrt(20) = 191.5 < 195, within the margin: no.
+    assert c.finish_collector_task(conf["task_id"], finished(conf, reward_mean=stop + 1, reward_std=10.0,
+                                                             episodes=20, train_iter=1)) is False
+    assert not c.end_flag
+    ev2 = c.get_collector_task()  # the next eval of the live policy (due: train_iter moved on)
+    c.update_learner_info("l", {"train_iter": 2})
+    ev2 = ev2 if ev2["eval_flag"] else c.get_collector_task()
+    assert c.finish_collector_task(ev2["task_id"], finished(ev2, reward_mean=stop + 20, train_iter=2)) is False
+    conf2 = c.get_collector_task()
+    assert conf2["eval_policy_key"] == keys.evaluated_policy(small_cfg.exp_name, ev2["task_id"])
+    # Mean 200, std 10 over 20: 200 - 4.47 = 195.5 >= 195: converged with exactly those weights.
+    assert c.finish_collector_task(conf2["task_id"], finished(conf2, reward_mean=stop + 5, reward_std=10.0,
+                                                              episodes=20, train_iter=2)) is True
+    assert c.end_flag and c.final_eval_task == conf2["task_id"]
 
 
 def test_failed_confirmation_goes_on_training(small_cfg):

@@ -192,3 +192,28 @@ def test_cli_curve_without_evals(patched_connect, tmp_path, capsys):
 def test_cli_curve_bad_exp_name(patched_connect, capsys):
     assert curve.main(["--exp", "a:b"]) == 1
     assert "exp_name" in capsys.readouterr().err
+
+
+def test_curve_from_a_run_folder_needs_no_redis(tmp_path, monkeypatch, capsys):
+    """After `rqrl train` the private Redis is gone: `rqrl curve --exp E` reads ./E/evals.jsonl."""
+    import json as _json
+
+    from coordinator.curve import evals_from_folder, main
+
+    run = tmp_path / "cp"
+    run.mkdir()
+    rows = [{"task_id": f"e{i}", "envstep": 100 * i, "reward_mean": 10.0 * i, "reward_std": 1.0,
+             "time": T0 + i, "train_iter": 5 * i} for i in range(1, 4)]
+    (run / "evals.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in rows + rows[-1:]))  # a duplicate line
+    (run / "summary.json").write_text(_json.dumps({"stop_value": 25.0}))
+    points, t0, stop = evals_from_folder(run)
+    assert [p["reward_mean"] for p in points] == [10.0, 20.0, 30.0] and t0 == T0 + 1 and stop == 25.0
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RQRL_REDIS_URL", raising=False)
+    assert main(["--exp", "cp"]) == 0
+    out = capsys.readouterr().out
+    assert "3 evals, last reward_mean 30 at 300 env steps (stop value 25)" in out
+    assert (run / "curve.png").stat().st_size > 1000
+    (run / "evals.jsonl").write_text("not json\n")
+    assert main(["--run-dir", str(run)]) == 1
+    assert "line 1: not JSON" in capsys.readouterr().err

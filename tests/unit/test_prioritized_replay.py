@@ -91,8 +91,8 @@ def test_sum_tree_batched_updates_with_repeated_indices_keep_sums_consistent():
         np.testing.assert_allclose(tree.get(np.arange(cap)), ref)
         assert tree.total == pytest.approx(ref.sum(), rel=1e-12)
     # Every inner node is the sum of its children after all those updates.
-    inner = np.arange(1, tree.leaves)
-    np.testing.assert_allclose(tree.tree[inner], tree.tree[2 * inner] + tree.tree[2 * inner + 1], rtol=1e-12)
+    for upper, lower in zip(tree.levels, tree.levels[1:]):
+        np.testing.assert_allclose(upper, lower.reshape(len(upper), -1).sum(axis=1), rtol=1e-12)
     cum = np.cumsum(ref)
     mass = rng.random(2000) * ref.sum()
     np.testing.assert_array_equal(tree.find(mass), np.searchsorted(cum, mass, side="right"))
@@ -238,7 +238,7 @@ def test_full_buffer_keeps_the_last_rows_and_tree_total_matches_its_leaves():
     leaves = leaf_sum(buf, range(8))
     np.testing.assert_allclose(leaves, (np.arange(1.0, 9.0) + buf.eps) ** 0.6)
     assert buf._tree.total == pytest.approx(leaves.sum(), rel=1e-12)
-    assert buf._tree.total == pytest.approx(buf._tree.tree[buf._tree.leaves:].sum(), rel=1e-12)
+    assert buf._tree.total == pytest.approx(buf._tree.leaves().sum(), rel=1e-12)
     buf.extend(rows(range(20, 25)))
     assert len(buf) == 8
     seen = np.concatenate([buf.sample(32, rng)["tag"] for _ in range(50)])

@@ -18,6 +18,13 @@ def _seed(conn):
         "converged": False, "wall_seconds": 42.0}))
     conn.set(keys.coordinator_alive("exp_a"), "coordinator-host-1", px=5000)
     conn.set(keys.heartbeat("exp_a", "collector_task_1"), "w", px=4000)
+    # The coordinator's running tasks: collector_task_1 executes; collector_task_0 finished (its
+    # heartbeat key lingers until the TTL runs out); collector_task_2 is queued, not started.
+    conn.set(keys.heartbeat("exp_a", "collector_task_0"), "w", px=4000)
+    conn.hset(keys.tasks("exp_a"), mapping={
+        "collector_task_1": json.dumps({"kind": "collector", "started": True}),
+        "collector_task_2": json.dumps({"kind": "collector", "started": False})})
+    conn.hset(keys.commander("exp_a"), "state", json.dumps({"commander": {}, "t0": 1.0}))
     now = time.time()
     # Two learner reports 10 s apart: 5,000 env steps and 1,000 iterations in between.
     for ts, it, env in ((now - 10, 1000, 5000), (now, 2000, 10000)):
@@ -34,10 +41,32 @@ def test_collect_status_reports_everything_from_redis(fake_redis):
     exp = st["experiments"]["exp_a"]
     assert exp["summary"]["train_iter"] == 3400 and exp["summary"]["last_eval_reward_mean"] == 187.5
     assert exp["coordinator"] == "coordinator-host-1" and exp["stopped"] == ""
-    assert [t["task_id"] for t in exp["tasks_alive"]] == ["collector_task_1"]
+    assert [t["task_id"] for t in exp["tasks_alive"]] == ["collector_task_1"]  # executing only
+    assert exp["tasks_alive"][0]["heartbeat_ttl_s"] > 0 and "state" not in exp["summary"]
     assert abs(exp["throughput_1min"]["env_steps_per_s"] - 500.0) < 1
     assert abs(exp["throughput_1min"]["train_iter_per_s"] - 100.0) < 1
-    json.dumps(st)  # --json output is plain JSON
+    # --json output is plain JSON: no value is itself a JSON document
+    def no_nested_json(obj):
+        if isinstance(obj, dict):
+            return all(no_nested_json(v) for v in obj.values())
+        if isinstance(obj, list):
+            return all(no_nested_json(v) for v in obj)
+        return not (isinstance(obj, str) and obj[:1] in ("{", "["))
+    assert no_nested_json(json.loads(json.dumps(st)))
+
+
+def test_status_without_redis_fails_within_two_seconds(capsys):
+    import socket
+
+    from coordinator.status import run_status
+
+    with socket.socket() as s:  # a free port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    assert run_status(f"redis://127.0.0.1:{port}/0", None) == 1
+    assert time.monotonic() - t0 < 2.0
+    assert "cannot reach Redis" in capsys.readouterr().err
 
 
 def test_render_fits_80_columns_and_shows_the_figures(fake_redis):
