@@ -9,7 +9,9 @@ algorithm, as the commander hands it out), turn steps into rows with the policy'
 env steps`` (once ``replay_start_size`` rows are stored); ``on_policy``: train once on every
 ``n_sample`` rows (one rollout of the current policy). Evaluate deterministically every
 ``commander.eval_every_train_iter`` iterations on ``env.n_evaluator_episode`` episodes; stop at
-``env.stop_value``. Prints env steps, train iterations and wall seconds to solve per seed.
+``env.stop_value`` by the commander's rule (a confirming eval of the same weights on
+``commander.confirm_eval_episodes`` episodes, by ``confirm_margin_se`` standard errors). Prints
+env steps, train iterations and wall seconds to solve per seed.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from workers.replay_buffer import ReplayBuffer
 REPO = Path(__file__).resolve().parents[2]
 
 
-def evaluate(policy, cfg, spec, seed: int) -> float:
-    n = int(cfg.env.n_evaluator_episode)
+def evaluate(policy, cfg, spec, seed: int, episodes: int | None = None) -> np.ndarray:
+    """Returns of ``episodes`` (default ``env.n_evaluator_episode``) deterministic episodes, one env each."""
+    n = int(episodes or cfg.env.n_evaluator_episode)
     env = make_vector_env(cfg.env.env_id, n, "sync", dict(cfg.env.env_kwargs))
     obs, _ = env.reset(seed=seed)
     returns, ret, done_once = np.zeros(n), np.zeros(n), np.zeros(n, bool)
@@ -44,7 +47,20 @@ def evaluate(policy, cfg, spec, seed: int) -> float:
         returns[finished] = ret[finished]
         done_once |= te | tr
     env.close()
-    return float(returns.mean())
+    return returns
+
+
+def converged(policy, cfg, spec, seed: int) -> bool:
+    """The commander's rule: an eval reaches stop_value, then (``confirm_eval_episodes`` > 0) an eval
+    of the same weights on that many other episodes does so by ``confirm_margin_se`` standard errors."""
+    stop = float(cfg.env.stop_value)
+    if evaluate(policy, cfg, spec, seed).mean() < stop:
+        return False
+    n = int(cfg.commander.confirm_eval_episodes)
+    if n <= 0:
+        return True
+    r = evaluate(policy, cfg, spec, seed + 1_000_003, n)
+    return r.mean() - float(cfg.commander.confirm_margin_se) * r.std() / np.sqrt(n) >= stop
 
 
 def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
@@ -94,7 +110,7 @@ def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
             it += 1
         if it >= next_eval:
             next_eval = it + eval_every
-            if evaluate(policy, cfg, spec, seed + it) >= cfg.env.stop_value:
+            if converged(policy, cfg, spec, seed + it):
                 return {"seed": seed, "envstep": envstep, "train_iter": it,
                         "wall_s": round(time.perf_counter() - t0, 2), "solved": True}
     return {"seed": seed, "envstep": envstep, "train_iter": it, "wall_s": round(time.perf_counter() - t0, 2),
