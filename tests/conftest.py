@@ -107,3 +107,11 @@ def initial_weights(cfg):
     spec = spaces.probe(cfg)
     spaces.check_model(cfg, spec)
     return create_policy(cfg, spec, modes=("learn",), device="cpu").get_weights()
+
+
+def run_rqrl(*args: str, cwd, timeout: float = 240) -> "subprocess.CompletedProcess":
+    """``rqrl ARGS`` (``python -m coordinator.cli``) in ``cwd`` with the repo importable and no default Redis."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=worker_env(""))

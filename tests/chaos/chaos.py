@@ -5,13 +5,13 @@
 
 Processes (all real): a private redis-server, ``python -m coordinator``, ``rq worker
 collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs: the
-learner's work-horse once (first, once a checkpoint exists), then in seeded order random
-collector tasks (the work-horse, or the horse and its ``rq worker`` parent) and the coordinator
-once (restarted with the same command, as a supervisor would). Killed worker parents are
-restarted too. With ``--redis-restart`` Redis runs with AOF (``appendfsync everysec``, as
+learner's work-horse once (first, once a checkpoint exists), the coordinator once (restarted with the
+same command, as a supervisor would), Redis out of memory (``--oom``, below), then in seeded
+order random collector tasks (the work-horse, or the horse and its ``rq worker`` parent) and the
+Redis restart. Killed worker parents are restarted too. With ``--redis-restart`` Redis runs with AOF (``appendfsync everysec``, as
 deploy/redis/redis.conf) and is restarted once mid-run (SIGTERM, then the same command on the
-same port and data dir); with ``--oom`` Redis's ``maxmemory`` is then lowered to what it uses
-plus 256 KB, which must stop the run cleanly ("Redis out of memory", summary.json, rq workers
+same port and data dir); with ``--oom`` Redis's ``maxmemory`` is lowered to what it uses plus
+256 KB early in the schedule, which must stop the run cleanly ("Redis out of memory", summary.json, rq workers
 alive, ``rqrl status`` answering); the harness raises the limit again and starts the
 coordinator anew, as an operator would, and that run must converge. At the end it prints one
 table: per kill, the seconds until the coordinator declared the task dead (its record left
@@ -227,6 +227,9 @@ class Chaos:
         self.conn.config_set("maxmemory", 0)
         self._start("coordinator", self._coordinator_argv())
         self.rerun_t0 = time.monotonic()
+        # The rerun is under way once its coordinator cleared the stopped run's keys (the stop flag).
+        self._wait(lambda: not self.conn.exists(keys.stop(self.exp)), 60)
+        self._wait(lambda: self.train_iter() >= 200, 120)  # and it has a checkpoint before the next kill
 
     def _chunks(self, buffer_id: str) -> dict[str, int]:
         """Chunk accounting of one buffer (empty when its stream is gone)."""
@@ -253,11 +256,11 @@ class Chaos:
             self._worker(f"collector{i}", keys.COLLECTOR_QUEUE)
         # The learner goes first, right after its first checkpoint: killed later, the run may converge
         # before its death is detected, and its resume would go unchecked. The rest in seeded order.
-        rest = ["collector"] * self.collector_kills + ["coordinator"] + (["redis"] if self.redis_restart else [])
+        # The coordinator next, and Redis out of memory early, while the run is far from converging:
+        # it stops that run and the rest of the schedule hits the operator's rerun.
+        rest = ["collector"] * self.collector_kills + (["redis"] if self.redis_restart else [])
         self.rng.shuffle(rest)
-        plan = ["learner", *rest]
-        if self.oom:
-            plan.append("oom")  # it ends the run: last
+        plan = ["learner", "coordinator", *(["oom"] if self.oom else []), *rest]
         try:
             self._wait(lambda: self.train_iter() >= 200, 120)  # a checkpoint exists before any kill
             for step in plan:

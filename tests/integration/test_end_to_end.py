@@ -14,16 +14,14 @@ import pytest
 import torch
 
 from common.connection import connect
-from tests.conftest import REPO, rq_bin, worker_env
+from tests.conftest import REPO, rq_bin, run_rqrl, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
 
-def _rqrl(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=worker_env(""))
+_rqrl = run_rqrl
 
 
 def _orphans(marker: str) -> list[str]:

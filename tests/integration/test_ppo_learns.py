@@ -7,13 +7,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from tests.conftest import REPO, worker_env
+from tests.conftest import REPO, run_rqrl
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
@@ -22,9 +21,7 @@ DQN_CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 RETURN_LINE = re.compile(r"^-?[0-9.]+ ± [0-9.]+ return over (\d+) episodes", re.M)
 
 
-def _rqrl(*args: str, cwd, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=worker_env(""))
+_rqrl = run_rqrl
 
 
 def _eval(final_pt, cwd, episodes: int = 3) -> tuple[subprocess.CompletedProcess, float]:

@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from tests.conftest import REPO, worker_env
+from tests.conftest import REPO, run_rqrl
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
@@ -24,9 +22,7 @@ DQN_CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 RETURN_LINE = re.compile(r"^(-?[0-9.]+) ± [0-9.]+ return over (\d+) episodes", re.M)
 
 
-def _rqrl(*args: str, cwd, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=worker_env(""))
+_rqrl = run_rqrl
 
 
 def _summary(out) -> dict:

@@ -25,12 +25,6 @@ SCHEMA = {
 LOG = logging.getLogger("test_comm_learner")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_chunk(n, tag):

@@ -19,12 +19,6 @@ SMALL = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_policy(algo: str, env_id: str = "CartPole-v1", seed: int = 0):

@@ -13,7 +13,7 @@ from easydict import EasyDict
 
 from common.policy import create_policy, get_algorithm
 from common.policy.dqn import collect_setting
-from common.policy.dqn.policy import DQNPolicy, QNetwork
+from common.policy.dqn.policy import QNetwork
 from common.policy.nstep import NStepAdder
 from common.spaces import SpaceSpec
 
@@ -34,13 +34,6 @@ def add(adder, step):
     return rows_of(adder.add(obs, {"action": action}, reward, nxt, term, trunc))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny networks run far faster on one thread (and the workers use one, too)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def policy_cfg(small_cfg, **learn):

@@ -17,12 +17,6 @@ from common.policy.ppo import collect_setting
 GAMMA, LAM = 0.9, 0.95
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def ppo_cfg(env_id="CartPole-v1", model=None, learn=None, collect=None):

@@ -15,7 +15,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from easydict import EasyDict
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from common.config import compile_config
@@ -31,12 +30,6 @@ ASYM = SpaceSpec("AsymBox-v0", "box", (3,), 0, 0, "box", 0, 0, 2, tuple(LOW), tu
 CHI2_CRIT_DF9 = 27.877
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def sac_cfg(**learn):

@@ -344,12 +344,6 @@ def test_uniform_replay_feeder_has_no_weights_and_ignores_feedback(fake_redis):
 
 # ---------------------------------------------------------------- DQN with weights
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def dqn_batch(n=16, seed=0):

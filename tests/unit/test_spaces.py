@@ -59,12 +59,6 @@ for _id, _cls in ((SHIFTED_ID, ShiftedActionEnv), (IMAGE_ID, ImageEnv)):
         gym.register(id=_id, entry_point=_cls)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def cfg_for(env_id: str, algo: str = "dqn", **model) -> EasyDict:
