@@ -5,19 +5,20 @@
 
 Processes (all real): a private redis-server, ``python -m coordinator``, ``rq worker
 collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs: the
-learner's work-horse once (first, once a checkpoint exists), the coordinator once (restarted with the
-same command, as a supervisor would), Redis out of memory (``--oom``, below), then in seeded
-order random collector tasks (the work-horse, or the horse and its ``rq worker`` parent) and the
-Redis restart. Killed worker parents are restarted too. With ``--redis-restart`` Redis runs with AOF (``appendfsync everysec``, as
-deploy/redis/redis.conf) and is restarted once mid-run (SIGTERM, then the same command on the
-same port and data dir); with ``--oom`` Redis's ``maxmemory`` is lowered to what it uses plus
-256 KB early in the schedule, which must stop the run cleanly ("Redis out of memory", summary.json, rq workers
-alive, ``rqrl status`` answering); the harness raises the limit again and starts the
-coordinator anew, as an operator would, and that run must converge. At the end it prints one
-table: per kill, the seconds until the coordinator declared the task dead (its record left
-``rqrl:{exp}:tasks``), for the coordinator until the restarted one resumed, for Redis until
-training went on (or the run stopped); then the chunk accounting of each run's buffer
-(produced = consumed + expired + corrupt + malformed + unconsumed, duplicates).
+learner's work-horse once (first, once a checkpoint exists), the coordinator once (restarted
+with the same command, as a supervisor would), Redis out of memory (``--oom``, below), then in
+seeded order random collector tasks (the work-horse, or the horse and its ``rq worker`` parent)
+and the Redis restart. Killed worker parents are restarted too. With ``--redis-restart`` Redis
+runs with AOF (``appendfsync everysec``, as deploy/redis/redis.conf) and is restarted once mid-
+run (SIGTERM, then the same command on the same port and data dir); with ``--oom`` Redis's
+``maxmemory`` is lowered to what it uses plus 256 KB early in the schedule, which must stop the
+run cleanly ("Redis out of memory", summary.json, rq workers alive, ``rqrl status`` answering);
+the harness raises the limit again and starts the coordinator anew, as an operator would, and
+that run must converge. At the end it prints one table: per kill, the seconds until the
+coordinator declared the task dead (its record left ``rqrl:{exp}:tasks``), for the coordinator
+until the restarted one resumed, for Redis until training went on (or the run stopped); then
+the chunk accounting of each run's buffer (produced = consumed + expired + corrupt + malformed
++ unconsumed, duplicates).
 """
 
 from __future__ import annotations
