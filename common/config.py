@@ -243,6 +243,8 @@ def _validate(cfg: dict) -> None:
         "env.n_evaluator_episode": cfg["env"]["n_evaluator_episode"],
         "commander.collector_task_space": cfg["commander"]["collector_task_space"],
         "commander.learner_task_space": cfg["commander"]["learner_task_space"],
+        "policy.collect.n_sample": cfg["policy"].get("collect", {}).get("n_sample", 1),
+        "policy.learn.batch_size": cfg["policy"].get("learn", {}).get("batch_size", 1),
     }
     for name, value in positive.items():
         if value < 1:
@@ -279,7 +281,7 @@ def load_config(path: str | Path) -> EasyDict:
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"config file {str(path)!r} " + ("is not a file" if path.exists() else "does not exist"))
     # A module next to the config file (or in the cwd) that registers a custom env is importable
     # from the file, whichever command runs it (a console script does not put the cwd on sys.path).
     import sys

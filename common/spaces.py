@@ -142,7 +142,8 @@ def import_env_modules(names: list[str] | tuple[str, ...]) -> None:
         try:
             importlib.import_module(name)
         except Exception as e:
-            raise SpaceError(f"config key 'env.import_names': cannot import {name!r} ({type(e).__name__}: {e})") from None
+            raise SpaceError(f"config key 'env.import_names': cannot import {name!r} ({type(e).__name__}: {e}); "
+                             "install it, or run from the folder that holds it (or set PYTHONPATH)") from None
 
 
 def probe(cfg: Any) -> SpaceSpec:

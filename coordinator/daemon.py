@@ -99,7 +99,9 @@ class Coordinator:
         self._t0 = time.time()
         self._next_liveness = 0.0
         self._next_summary = 0.0
-        self._failures_in_a_row = 0
+        # Failures in a row per task kind: collectors that keep finishing must not hide a learner
+        # that fails every time (nor the other way round).
+        self._failures_in_a_row = {"collector": 0, "learner": 0}
         self._last_failure = ""
         self._dirty: set[str] = set()  # task ids whose record changed since the last _persist
         self._drop_leases: list[str] = []  # task ids whose leases the next _persist revokes
@@ -144,7 +146,8 @@ class Coordinator:
         self.commander.load_state_dict(state["commander"])
         self.run_id = state["run_id"]
         self._t0 = float(state["t0"])
-        self._failures_in_a_row = int(state.get("failures_in_a_row", 0))
+        saved = state.get("failures_in_a_row", {})
+        self._failures_in_a_row = {"collector": 0, "learner": 0, **(saved if isinstance(saved, dict) else {})}
         self._last_event_id = str(state.get("last_event_id", ""))
         self.running = {k.decode(): json.loads(v) for k, v in self.conn.hgetall(keys.tasks(self.exp)).items()}
         self.resumed = True
@@ -250,8 +253,9 @@ class Coordinator:
                 last = self.commander.last_eval or {}
                 return EXIT_CONVERGED, (f"converged: eval reward_mean {last.get('reward_mean', 0):.2f} "
                                         f">= stop_value {self.cfg.env.stop_value}")
-            if c.max_task_failures and self._failures_in_a_row >= c.max_task_failures:
-                return EXIT_ERROR, (f"{self._failures_in_a_row} tasks failed in a row (commander.max_task_failures); "
+            worst = max(self._failures_in_a_row.values())
+            if c.max_task_failures and worst >= c.max_task_failures:
+                return EXIT_ERROR, (f"{worst} tasks failed in a row (commander.max_task_failures); "
                                     f"last error: {self._last_failure}")
             cm = self.commander
             if c.max_env_step and cm.total_envstep >= c.max_env_step:
@@ -344,11 +348,12 @@ class Coordinator:
             self._dirty.add(tid)
         elif etype == "learner_info":
             self.commander.update_learner_info(tid, ev)
+            self._failures_in_a_row["learner"] = 0  # it trains
         elif etype == "finished":
             del self.running[tid]
             self._dirty.add(tid)
             self._drop_leases.append(tid)
-            self._failures_in_a_row = 0
+            self._failures_in_a_row[kind] = 0
             if kind == "collector":
                 converged = self.commander.finish_collector_task(tid, ev)
                 if ev.get("eval_flag") is True:
@@ -361,6 +366,7 @@ class Coordinator:
                 return converged
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
                                                      "expired", "corrupt", "malformed", "stale_chunks", "stale_rows",
+                                                     "train_iter", "collector_envstep",
                                                      "policy_lag_p50", "policy_lag_p95", "policy_lag_max") if k in ev}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
@@ -374,7 +380,7 @@ class Coordinator:
         self._dirty.add(tid)
         # Revoked in the same transaction as the state change: a zombie task can no longer write.
         self._drop_leases.append(tid)
-        self._failures_in_a_row += 1
+        self._failures_in_a_row[entry["kind"]] += 1
         self._last_failure = f"{entry['kind']} task {tid}: {reason}"
         self.log.warning("%s task %s failed: %s; its space is freed and a replacement will be issued",
                          entry["kind"], tid, reason)
@@ -517,6 +523,11 @@ class Coordinator:
             if time.time() >= self._next_liveness and not self._oom:
                 self._next_liveness = time.time() + 1.0
                 self._best_effort("check task liveness", self._check_liveness)
+        # The learner reports its last figures after the stop: the summary takes them (the progress
+        # line of `rqrl train` ends with the summary's numbers).
+        lf = self.learner_final
+        self._at_stop["train_iter"] = max(int(self._at_stop["train_iter"]), int(lf.pop("train_iter", 0) or 0))
+        self._at_stop["envstep"] = max(int(self._at_stop["envstep"]), int(lf.pop("collector_envstep", 0) or 0))
         final = self._export_final()
         learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
         if self.events_lost:

@@ -101,8 +101,10 @@ def load_saved(path: str | Path) -> Saved:
         raise EvalError(f"policy file {str(p)!r} is not a file")
     try:
         obj = export.load(p)
-    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
-        raise EvalError(f"{p}: not a torch file loadable with torch.load(weights_only=True) ({_first_line(e)})") from None
+    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, KeyError, ... for bad files
+        # torch's own text suggests weights_only=False: never for a file of unknown origin.
+        raise EvalError(f"{p}: not an rqrl policy file (torch.load(weights_only=True) refused it: "
+                        f"{type(e).__name__})") from None
     if export.is_bundle(obj):
         saved = Saved(obj["weights"], f"{obj.get('algorithm')} policy", obj.get("config"), obj.get("spaces"),
                       obj.get("train_iter"))
@@ -241,6 +243,10 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
             notes.append(f"{where} is a bare state_dict: assuming the built-in defaults (pass the run's config with --config)")
         if overrides:
             cfg = apply_overrides(cfg, list(overrides))
+        # A custom env's module sits where the run was trained: the cwd, or the folder above ./<exp>/.
+        for folder in (os.getcwd(), str(Path(path).resolve().parent.parent)):
+            if folder not in sys.path:
+                sys.path.append(folder)
         spec = spaces.probe(cfg)
     except (ConfigError, spaces.SpaceError) as e:
         raise EvalError(str(e)) from None

@@ -56,7 +56,6 @@ class Progress:
         self.train_iter = 0
         self.eval: Optional[float] = None
         self.t0 = time.time()
-        self.wall: Optional[float] = None  # the run's wall seconds once summary.json says
         self.tty = sys.stderr.isatty()
         self._last_print = 0.0
 
@@ -74,12 +73,10 @@ class Progress:
         last = summary.get("last_eval_reward_mean")
         if isinstance(last, (int, float)) and not isinstance(last, bool):
             self.eval = float(last)
-        if summary.get("wall_seconds"):
-            self.wall = float(summary["wall_seconds"])
 
     def line(self) -> str:
         ev = "-" if self.eval is None else f"{self.eval:.1f}"
-        secs = self.wall if self.wall is not None else time.time() - self.t0
+        secs = time.time() - self.t0
         return (f"env steps {self.envstep:>8,} | train iter {self.train_iter:>7,} | "
                 f"eval {ev:>6} / {self.stop_value:g} | {secs:6.1f} s")
 

@@ -202,7 +202,7 @@ def test_load_missing_file(tmp_path):
 
 
 def test_load_directory_is_not_a_file(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="is not a file"):
         load_config(tmp_path)
 
 
@@ -367,3 +367,9 @@ def test_cuda_true_without_cuda_fails_naming_the_key(monkeypatch):
     from coordinator.cli import main
 
     assert main(["train", str(REPO / "deploy" / "configs" / "cartpole_dqn.py"), "--set", "policy.cuda=True"]) == 1
+
+
+def test_non_positive_batch_size_and_n_sample_are_refused():
+    for key in ("policy.learn.batch_size", "policy.collect.n_sample"):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            apply_overrides(compile_config({}), [f"{key}=-5"])
