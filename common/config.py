@@ -284,11 +284,9 @@ def load_config(path: str | Path) -> EasyDict:
         raise ConfigError(f"config file {str(path)!r} " + ("is not a file" if path.exists() else "does not exist"))
     # A module next to the config file (or in the cwd) that registers a custom env is importable
     # from the file, whichever command runs it (a console script does not put the cwd on sys.path).
-    import sys
+    from common.spaces import make_importable
 
-    for folder in (str(path.resolve().parent), os.getcwd()):
-        if folder not in sys.path:
-            sys.path.append(folder)
+    make_importable(str(path.resolve().parent), os.getcwd())
     try:
         ns = runpy.run_path(str(path))
     except SyntaxError as e:

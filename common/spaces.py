@@ -146,6 +146,16 @@ def import_env_modules(names: list[str] | tuple[str, ...]) -> None:
                              "install it, or run from the folder that holds it (or set PYTHONPATH)") from None
 
 
+def make_importable(*folders: str) -> None:
+    """Append ``folders`` to ``sys.path`` (once each): where a run's custom env modules live (the
+    config file's folder, the cwd), whichever command runs."""
+    import sys
+
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
 def probe(cfg: Any) -> SpaceSpec:
     """Build one env of ``cfg.env`` (after ``env.import_names``), read its spaces, close it.
 
@@ -176,22 +186,18 @@ def check_model(cfg: Any, spec: SpaceSpec) -> None:
         SpaceError: a set value disagrees with the env, in one line naming env id, space and key.
     """
     model = cfg.policy.model
-    want_obs, want_act = spec.model_obs_shape, spec.model_action_shape
-    obs_what = f"observation space {'Discrete(%d)' % spec.obs_n if spec.obs_kind == 'discrete' else 'shape ' + str(spec.obs_shape)}"
+    obs_what = (f"observation space Discrete({spec.obs_n})" if spec.obs_kind == "discrete"
+                else f"observation space shape {spec.obs_shape}")
     act_what = (f"action space Discrete({spec.action_n})" if spec.action_kind == "discrete"
                 else f"action space Box of size {spec.action_dim}")
-    got_obs = model.get("obs_shape")
-    if got_obs is None:
-        model.obs_shape = want_obs
-    elif _norm(got_obs) != _norm(want_obs):
-        raise SpaceError(f"config key 'policy.model.obs_shape' is {got_obs!r} but env {spec.env_id!r} has "
-                         f"{obs_what} (expected {want_obs!r}); leave it unset to read it from the env")
-    got_act = model.get("action_shape")
-    if got_act is None:
-        model.action_shape = want_act
-    elif _norm(got_act) != _norm(want_act):
-        raise SpaceError(f"config key 'policy.model.action_shape' is {got_act!r} but env {spec.env_id!r} has "
-                         f"{act_what} (expected {want_act!r}); leave it unset to read it from the env")
+    for key, want, what in (("obs_shape", spec.model_obs_shape, obs_what),
+                            ("action_shape", spec.model_action_shape, act_what)):
+        got = model.get(key)
+        if got is None:
+            model[key] = want
+        elif _norm(got) != _norm(want):
+            raise SpaceError(f"config key 'policy.model.{key}' is {got!r} but env {spec.env_id!r} has {what} "
+                             f"(expected {want!r}); leave it unset to read it from the env")
 
 
 def _norm(v: Any) -> tuple[int, ...]:

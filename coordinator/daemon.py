@@ -96,6 +96,7 @@ class Coordinator:
         self.running: dict[str, dict[str, Any]] = {}
         self._signal: Optional[int] = None
         self.learner_final: dict[str, Any] = {}  # the learner's closing figures, for summary.json
+        self.learner_last = {"train_iter": 0, "envstep": 0}  # its train_iter and env steps when it finished
         self._t0 = time.time()
         self._next_liveness = 0.0
         self._next_summary = 0.0
@@ -366,8 +367,8 @@ class Coordinator:
                 return converged
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
                                                      "expired", "corrupt", "malformed", "stale_chunks", "stale_rows",
-                                                     "train_iter", "collector_envstep",
                                                      "policy_lag_p50", "policy_lag_p95", "policy_lag_max") if k in ev}
+            self.learner_last = {"train_iter": int(ev.get("train_iter", 0)), "envstep": int(ev.get("collector_envstep", 0))}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
             self._fail(tid, ev.get("error", "unknown error"))
@@ -525,9 +526,8 @@ class Coordinator:
                 self._best_effort("check task liveness", self._check_liveness)
         # The learner reports its last figures after the stop: the summary takes them (the progress
         # line of `rqrl train` ends with the summary's numbers).
-        lf = self.learner_final
-        self._at_stop["train_iter"] = max(int(self._at_stop["train_iter"]), int(lf.pop("train_iter", 0) or 0))
-        self._at_stop["envstep"] = max(int(self._at_stop["envstep"]), int(lf.pop("collector_envstep", 0) or 0))
+        self._at_stop["train_iter"] = max(int(self._at_stop["train_iter"]), self.learner_last["train_iter"])
+        self._at_stop["envstep"] = max(int(self._at_stop["envstep"]), self.learner_last["envstep"])
         final = self._export_final()
         learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
         if self.events_lost:

@@ -244,9 +244,7 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
         if overrides:
             cfg = apply_overrides(cfg, list(overrides))
         # A custom env's module sits where the run was trained: the cwd, or the folder above ./<exp>/.
-        for folder in (os.getcwd(), str(Path(path).resolve().parent.parent)):
-            if folder not in sys.path:
-                sys.path.append(folder)
+        spaces.make_importable(os.getcwd(), str(Path(path).resolve().parent.parent))
         spec = spaces.probe(cfg)
     except (ConfigError, spaces.SpaceError) as e:
         raise EvalError(str(e)) from None

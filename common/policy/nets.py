@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,11 @@ def obs_tensor(spec: SpaceSpec, obs: np.ndarray | torch.Tensor, device: torch.de
         return F.one_hot(idx, spec.obs_n).to(torch.float32)
     x = torch.as_tensor(obs, dtype=torch.float32, device=device)
     return x.reshape(x.shape[0], -1)
+
+
+def frozen_copy(module: nn.Module) -> nn.Module:
+    """A target network: a copy of ``module`` (same weights, same device) that takes no gradients."""
+    return copy.deepcopy(module).requires_grad_(False)
 
 
 def adam(params: Any, lr: float) -> torch.optim.Optimizer:

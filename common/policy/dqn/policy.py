@@ -78,9 +78,7 @@ class DQNPolicy(Policy):
         self.device = nets.pick_device(cfg, device)
         self.model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling).to(self.device)
         if "learn" in self.modes:
-            self.target_model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling).to(self.device)
-            self.target_model.load_state_dict(self.model.state_dict())
-            self.target_model.requires_grad_(False)
+            self.target_model = nets.frozen_copy(self.model)
             self.optimizer = nets.adam(self.model.parameters(), p.learn.learning_rate)
             self._updates = 0
 

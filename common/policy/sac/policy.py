@@ -101,11 +101,7 @@ class SACPolicy(Policy):
         if "learn" in self.modes:
             lc, hidden = p.learn, list(p.model.critic_hidden_size_list)
             self.q1, self.q2 = Critic(spec, hidden).to(self.device), Critic(spec, hidden).to(self.device)
-            self.q1_target, self.q2_target = Critic(spec, hidden).to(self.device), Critic(spec, hidden).to(self.device)
-            self.q1_target.load_state_dict(self.q1.state_dict())
-            self.q2_target.load_state_dict(self.q2.state_dict())
-            self.q1_target.requires_grad_(False)
-            self.q2_target.requires_grad_(False)
+            self.q1_target, self.q2_target = nets.frozen_copy(self.q1), nets.frozen_copy(self.q2)
             self.q_optimizer = nets.adam([*self.q1.parameters(), *self.q2.parameters()], lc.learning_rate_q)
             self.actor_optimizer = nets.adam(self.model.parameters(), lc.learning_rate_policy)
             self.log_alpha = torch.tensor(math.log(lc.init_temperature), device=self.device, requires_grad=True)
