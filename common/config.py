@@ -55,11 +55,18 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
             train_iter_per_env_step=0.5,
             # ... and collectors wait once they are this many env steps ahead of that ratio.
             max_env_step_lead=256,
+            # Learner tasks trained as one torch.distributed group (data-parallel; workers/ddp.py).
+            # Each rank reads its own share of the step data and the gradients are averaged;
+            # replay data only (an on-policy source needs every row of a version in one process).
+            learner_num=1,
             learner=dict(
                 train_iterations=1_000_000_000,
                 log_policy=True,
                 send_policy_freq=4,  # publish weights every N train iterations (on-policy data: every one)
                 send_info_freq=20,  # learner info event every N train iterations
+                # learner_num > 1: seconds a rank waits for the group to form, and for any collective
+                # (a rank waiting for data holds the others); past it the rank fails and the group restarts.
+                group_timeout=120.0,
                 hook=dict(
                     load_ckpt_before_run="",  # checkpoint name in Redis ("latest", ...); "" = none
                     log_show_after_iter=100,
@@ -245,6 +252,7 @@ def _validate(cfg: dict) -> None:
         "commander.learner_task_space": cfg["commander"]["learner_task_space"],
         "policy.collect.n_sample": cfg["policy"].get("collect", {}).get("n_sample", 1),
         "policy.learn.batch_size": cfg["policy"].get("learn", {}).get("batch_size", 1),
+        "policy.learn.learner_num": cfg["policy"]["learn"]["learner_num"],
     }
     for name, value in positive.items():
         if value < 1:
@@ -261,13 +269,19 @@ def _validate(cfg: dict) -> None:
         raise ConfigError(f"config key 'policy.other.replay_buffer.priority_eps' must be > 0 (no transition's "
                           f"probability may reach 0), got {rb.get('priority_eps')!r}")
     create = cfg.get("create") or {}
-    if rb.get("priority") and create:
+    learner_num = cfg["policy"]["learn"]["learner_num"]
+    if (rb.get("priority") or learner_num > 1) and create:
         from common.policy import get_algorithm
 
         algo = get_algorithm(create["policy"]["type"])
-        if algo.data_source != "replay":
+        if rb.get("priority") and algo.data_source != "replay":
             raise ConfigError(f"config key 'policy.other.replay_buffer.priority' is True but {algo.name!r} learns from "
                               f"{algo.data_source} data, not from a replay buffer")
+        # Each rank would hold only part of a policy version's rollout, and the consumer group
+        # splits chunks unevenly, so on-policy ranks could wait forever for rows that went elsewhere.
+        if learner_num > 1 and algo.data_source != "replay":
+            raise ConfigError(f"config key 'policy.learn.learner_num' = {learner_num}: {algo.name!r} learns from "
+                              f"{algo.data_source} data, which one learner must see whole; use learner_num=1")
     if cfg["env"]["manager"]["type"] not in ("sync", "async"):
         raise ConfigError(f"config key 'env.manager.type' must be 'sync' or 'async', got {cfg['env']['manager']['type']!r}")
 

@@ -20,6 +20,7 @@ Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
     rqrl:{exp}:task:{task_id}:lease          string: present while the task may write (revoked when declared dead)
     rqrl:{exp}:task:{task_id}:heartbeat      string with a TTL, refreshed by a running task
     rqrl:{exp}:task:{task_id}:evaluated      hash (TTL): the final.pt bundle an eval task played
+    rqrl:{exp}:learner_group:{group_id}      list (TTL): rank 0's rendezvous address, one copy per other rank
     rqrl:experiments                         set of experiment names seen by coordinators
 """
 
@@ -139,6 +140,12 @@ def heartbeat(exp: str, task_id: str) -> str:
 def evaluated_policy(exp: str, task_id: str) -> str:
     """The policy an eval task played, as a final.pt bundle (versioned blob with a TTL)."""
     return f"{exp_prefix(exp)}:task:{_check('task_id', task_id)}:evaluated"
+
+
+def learner_group(exp: str, group_id: str) -> str:
+    """Rendezvous of a data-parallel learner group: rank 0 pushes ``host:port world_size`` once
+    per other rank, each of which pops one copy (BLPOP) and joins its TCPStore."""
+    return f"{exp_prefix(exp)}:learner_group:{_check('group_id', group_id)}"
 
 
 def all_keys_pattern(exp: str) -> str:

@@ -132,6 +132,11 @@ class SoloCommander(BaseCommander):
         self._logger = logger
         self._end_flag = False
         self._seed_counter = 0
+        # policy.learn.learner_num > 1: one learner task space holds a group of that many ranks
+        # (workers/ddp.py), handed out one per call; a lost rank loses the whole group.
+        self._learner_num = int(cfg.policy.learn.get("learner_num", 1))
+        self._pending_ranks: list[dict] = []
+        self._lost_group: Optional[str] = None
 
     # ------------------------------------------------------------------ task creation
     @property
@@ -201,16 +206,22 @@ class SoloCommander(BaseCommander):
         """A learner task when learner space is free, else None.
 
         A fresh run gets new ``policy_id`` / ``buffer_id``; the replacement of a failed learner
-        reuses them and sets ``resume`` so it loads the ``latest`` checkpoint.
+        reuses them and sets ``resume`` so it loads the ``latest`` checkpoint. With
+        ``policy.learn.learner_num`` = N > 1 one space holds a group: N tasks with one new
+        ``group_id``, ``rank`` 0..N-1 and ``world_size`` N, returned by N calls in a row.
         """
-        if self._end_flag or not self._learner_task_space.acquire_space():
+        if self._end_flag:
+            return None
+        if self._pending_ranks:
+            return self._pending_ranks.pop(0)
+        if not self._learner_task_space.acquire_space():
             return None
         resume = self._resume_learner and self._current_policy_id is not None
         if not resume:
             self._current_policy_id = f"policy_{uuid.uuid4().hex[:12]}"
             self._current_buffer_id = f"buffer_{uuid.uuid4().hex[:12]}"
         self._resume_learner = False
-        return {
+        task = {
             "task_id": new_task_id("learner"),
             "task_type": "learner",
             "run_id": self._run_id,
@@ -221,6 +232,14 @@ class SoloCommander(BaseCommander):
             "seed": self._next_seed(),
             "config": _plain(self._cfg),
         }
+        if self._learner_num == 1:
+            return task
+        group = {"group_id": f"group_{uuid.uuid4().hex[:12]}", "world_size": self._learner_num}
+        ranks = [dict(task, **group, rank=0)] + [
+            dict(task, **group, rank=r, task_id=new_task_id("learner"), seed=self._next_seed())
+            for r in range(1, self._learner_num)]
+        self._pending_ranks = ranks[1:]
+        return ranks[0]
 
     # ------------------------------------------------------------------ results
     def finish_collector_task(self, task_id: str, finished_task: dict) -> bool:
@@ -323,7 +342,16 @@ class SoloCommander(BaseCommander):
         self._release_collector_slot(task.get("task_id", ""))
 
     def notify_fail_learner_task(self, task: dict) -> None:
-        """Release learner space; the replacement resumes on the same policy_id / buffer_id."""
+        """Release learner space; the replacement resumes on the same policy_id / buffer_id.
+
+        A rank of a learner group fails the group once: the first report releases its space
+        (a new group with a new ``group_id`` follows), reports of its other ranks change nothing.
+        """
+        group = task.get("group_id")
+        if group is not None:
+            if group == self._lost_group:
+                return
+            self._lost_group = group
         self._learner_task_space.release_space()
         self._resume_learner = True
 
@@ -360,6 +388,7 @@ class SoloCommander(BaseCommander):
             "confirm": self._confirm,
             "best": self._best,
             "final_task": self._final_task,
+            "lost_group": self._lost_group,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -382,6 +411,7 @@ class SoloCommander(BaseCommander):
         self._confirm = state.get("confirm")
         self._best = dict(state.get("best") or {})
         self._final_task = state.get("final_task")
+        self._lost_group = state.get("lost_group")
 
     # ------------------------------------------------------------------ inspection
     @property

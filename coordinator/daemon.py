@@ -365,6 +365,8 @@ class Coordinator:
                         "episodes": ev.get("real_episode_count", 0), "confirmation": ev.get("confirmation") is True,
                         "time": ev.get("ts", time.time())})
                 return converged
+            if int(entry["task"].get("rank", 0)) != 0:
+                return False  # rank 0 of a learner group reports for the group
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
                                                      "expired", "corrupt", "malformed", "stale_chunks", "stale_rows",
                                                      "policy_lag_p50", "policy_lag_p95", "policy_lag_max") if k in ev}
@@ -389,6 +391,21 @@ class Coordinator:
             self.commander.notify_fail_collector_task(entry["task"])
         else:
             self.commander.notify_fail_learner_task(entry["task"])
+            self._drop_group(entry["task"], tid)
+
+    def _drop_group(self, task: dict, lost: str) -> None:
+        """A lost rank fails its learner group: the other ranks are dropped too (leases revoked,
+        so they cannot write; their collectives fail or time out and they exit), and the
+        commander's replacement group resumes from checkpoint ``latest``."""
+        group = task.get("group_id")
+        if group is None:
+            return
+        for tid in [t for t, e in self.running.items() if e["kind"] == "learner" and e["task"].get("group_id") == group]:
+            entry = self.running.pop(tid)
+            self._dirty.add(tid)
+            self._drop_leases.append(tid)
+            self.log.warning("learner task %s (rank %s of group %s) dropped with its group: %s was lost",
+                             tid, entry["task"].get("rank"), group, lost)
 
     def _write_evals_file(self, evals: list[dict[str, Any]]) -> None:
         """Append eval results to ``./{exp}/evals.jsonl`` (one JSON object per line)."""

@@ -1,8 +1,8 @@
 """``rqrl train``: one machine, everything at once, and nothing left behind.
 
 Starts (when no ``--redis-url`` is given) a private redis-server, then ``python -m
-coordinator`` and the stock ``rq worker collector`` (N times) and ``rq worker learner`` as
-child processes, each in its own session with its output in ``./{exp}/log/{name}.log``. Shows
+coordinator`` and the stock ``rq worker collector`` (N times) and ``rq worker learner``
+(``policy.learn.learner_num`` times) as child processes, each in its own session with its output in ``./{exp}/log/{name}.log``. Shows
 one live progress line from the events stream (XREAD BLOCK), and tears every child and the
 private Redis down on success, failure and Ctrl-C.
 """
@@ -162,8 +162,11 @@ class Launcher:
                                     *self.coordinator_args], env)
         rq = _rq_command()
         stamp = f"{os.getpid()}"
-        self._spawn("learner", [*rq, "worker", keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
-                                "--name", f"{self.cfg.exp_name}-learner-{stamp}"], env)
+        # One learner worker per rank of the learner group (policy.learn.learner_num).
+        for i in range(int(self.cfg.policy.learn.get("learner_num", 1))):
+            name = "learner" if i == 0 else f"learner{i}"
+            self._spawn(name, [*rq, "worker", keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
+                               "--name", f"{self.cfg.exp_name}-{name}-{stamp}"], env)
         # One worker more than collector tasks: an eval task then starts at once in its own slot.
         for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
             self._spawn(f"collector{i}", [*rq, "worker", keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,

@@ -40,11 +40,14 @@ class BufferReader(threading.Thread):
     holds the buffer's consumed env steps before this reader started (from the stats hash).
     :meth:`policy_lag` gives percentiles of the policy lag: the learner's ``train_iter`` when a
     chunk is ingested minus the policy version that produced it, in train iterations.
+    ``claim_orphans`` False skips the XAUTOCLAIM at start: ranks other than 0 of a learner group
+    (workers/ddp.py), whose siblings' unacked entries are no orphans.
     """
 
     def __init__(self, conn: redis.Redis, exp: str, buffer_id: str, consumer: str, buffer: Any,
                  logger: logging.Logger, on_data: Callable[[], None], lease_key: str,
-                 train_iter: Callable[[], int] = lambda: 0, batch: int = 64, block_ms: int = 500) -> None:
+                 train_iter: Callable[[], int] = lambda: 0, batch: int = 64, block_ms: int = 500,
+                 claim_orphans: bool = True) -> None:
         super().__init__(name=f"buffer-reader-{buffer_id}", daemon=True)
         self._conn = conn
         self._exp = exp
@@ -65,6 +68,7 @@ class BufferReader(threading.Thread):
         self.malformed = 0
         self.duplicates = 0
         self._train_iter = train_iter
+        self._claim = claim_orphans
         self._lags: deque[int] = deque(maxlen=_LAG_WINDOW)
         self.error: BaseException | None = None
         streams.ensure_group(conn, self._stream, keys.LEARNER_GROUP)
@@ -72,6 +76,10 @@ class BufferReader(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
+
+    def consumed_env_steps(self) -> int:
+        """Env steps of every chunk consumed from this buffer by any learner (the stats hash)."""
+        return int(self._conn.hget(self._stats_key, "env_steps") or 0)
 
     def policy_lag(self) -> dict[str, float]:
         """``policy_lag_p50`` / ``_p95`` / ``_max`` over the last chunks ingested (train iterations)."""
@@ -83,7 +91,8 @@ class BufferReader(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._claim_orphans()
+            if self._claim:
+                self._claim_orphans()
         except BaseException as e:
             self.error = e
             self._on_data()

@@ -37,19 +37,29 @@ from common.finite import check_train_step
 from common.logs import build_logger, build_tb_writer
 from common.policy import Policy, algorithm_of, create_policy, export
 from common.registry import LEARNER_REGISTRY, import_names
+from common.policy.nets import pick_device
 from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
+from workers.ddp import LearnerGroup, join
 from workers.learner_hooks import LearnerHook, build_hooks
 from workers.sources import create_source
 from workers.task import Heartbeat, TaskError, check_current, task_connection, validate_task
 
 
 class CheckpointStore:
-    """Where a learner's checkpoints go: Redis (parallel mode) or files (when no Redis is given)."""
+    """Where a learner's checkpoints go: Redis (parallel mode) or files (when no Redis is given).
 
-    def __init__(self, conn: Optional[redis.Redis], exp: str, ckpt_dir: Path, lease_key: Optional[str] = None) -> None:
+    ``writable`` False: loads only (ranks other than 0 of a learner group, workers/ddp.py, whose
+    state is rank 0's; rank 0 alone saves).
+    """
+
+    def __init__(self, conn: Optional[redis.Redis], exp: str, ckpt_dir: Path, lease_key: Optional[str] = None,
+                 writable: bool = True) -> None:
         self._conn, self._exp, self._dir, self._lease = conn, exp, ckpt_dir, lease_key
+        self._writable = writable
 
     def save(self, name: str, state: dict[str, Any], train_iter: int) -> None:
+        if not self._writable:
+            return
         if self._conn is not None:
             save_checkpoint(self._conn, self._exp, name, state, train_iter, lease_key=self._lease)
         else:
@@ -320,6 +330,18 @@ class FeedbackHook(LearnerHook):
         self._source.feedback(learner.priority_info)
 
 
+class BroadcastStateHook(LearnerHook):
+    """Learner groups: after a checkpoint is loaded (priority 20) and before the first publication
+    (30), every rank takes rank 0's policy state, so all ranks start identical."""
+
+    def __init__(self, group: LearnerGroup) -> None:
+        super().__init__("broadcast_state_before_run", "before_run", priority=25)
+        self._group = group
+
+    def __call__(self, learner: BaseLearner) -> None:
+        self._group.broadcast_state(learner.policy)
+
+
 class SendInfoHook(LearnerHook):
     """Send ``learner_info`` events (train iter, env steps, buffer and throughput figures)."""
 
@@ -366,46 +388,91 @@ def run_learner_task(task: dict) -> dict[str, Any]:
         raise
 
 
+def _split_for_group(cfg: EasyDict, world_size: int, rank: int) -> None:
+    """A group rank's share of the learner config: 1/N of the replay buffer and of its start size
+    (the ranks' buffers together hold what one learner's would), and no checkpoint hooks on
+    ranks other than 0."""
+    rb = cfg.policy.get("other", {}).get("replay_buffer")
+    if rb is not None:
+        rb.replay_buffer_size = max(1, int(rb.replay_buffer_size) // world_size)
+        rb.replay_start_size = -(-int(rb.replay_start_size) // world_size)
+    if rank != 0:
+        cfg.policy.learn.learner.hook.save_ckpt_after_iter = 0
+        cfg.policy.learn.learner.hook.save_ckpt_after_run = False
+
+
 def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]:
     exp, task_id = task["exp_name"], task["task_id"]
+    rank, world_size = int(task.get("rank", 0)), int(task.get("world_size", 1))
     threads = int(os.environ.get("RQRL_TORCH_THREADS", "1"))
     torch.set_num_threads(threads)
     torch.manual_seed(int(task.get("seed", 0)))
-    events.emit(conn, exp, "started", task_id, "learner", host=socket.gethostname(), pid=os.getpid())
+    events.emit(conn, exp, "started", task_id, "learner", host=socket.gethostname(), pid=os.getpid(), rank=rank)
     spec = spaces.probe(cfg)
     spaces.check_model(cfg, spec)
-    policy = create_policy(cfg, spec, modes=("learn",))
+    device: Optional[str] = None
+    group: Optional[LearnerGroup] = None
+    if world_size > 1:
+        dev = pick_device(cfg, None)
+        if dev.type == "cuda":  # one GPU per rank of this host
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
+        device = str(dev)
+        group = join(conn, exp, task["group_id"], rank, world_size, float(cfg.policy.learn.learner.group_timeout), dev)
+        _split_for_group(cfg, world_size, rank)
+    try:
+        return _train(conn, cfg, task, spec, device, group)
+    finally:
+        if group is not None:
+            group.close()
+
+
+def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Optional[str],
+           group: Optional[LearnerGroup]) -> dict[str, Any]:
+    exp, task_id = task["exp_name"], task["task_id"]
+    lead = group is None or group.rank == 0  # publishes, checkpoints and reports
+    policy = create_policy(cfg, spec, modes=("learn",), device=device)
     if task.get("resume"):
         cfg.policy.learn.learner.hook.load_ckpt_before_run = "latest"
     lease_key = keys.lease(exp, task_id)
     learner = create_learner(cfg, policy=policy, exp_name=exp,
-                             checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key))
+                             instance_name="learner" if lead else f"learner_rank{group.rank}",
+                             checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key, writable=lead))
     source = create_source(algorithm_of(cfg).data_source, conn, exp, learner, cfg, policy.schema(),
                            int(task.get("seed", 0)))
     lcfg = cfg.policy.learn.learner
-    # before_run hooks run by priority: loading a checkpoint (20) precedes the first publication
-    # (30), so collectors start from the resumed weights and train_iter.
+    # before_run hooks run by priority: loading a checkpoint (20) precedes the group's state
+    # broadcast (25) and the first publication (30), so collectors start from the resumed weights.
     send_freq = 1 if source.publish_every_iter else lcfg.send_policy_freq
-    for position, freq in (("before_run", 1), ("after_iter", send_freq)):
-        learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq, source.envstep_limit,
-                                                lease_key))
+    if lead:
+        for position, freq in (("before_run", 1), ("after_iter", send_freq)):
+            learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq,
+                                                    source.envstep_limit, lease_key))
     t_start = time.time()
 
     def stats() -> dict[str, Any]:
         r = source.reader
         elapsed = max(1e-9, time.time() - t_start)
-        return {**source.stats(), "chunks": r.chunks if r else 0, "expired": r.expired if r else 0,
-                "corrupt": r.corrupt if r else 0, "malformed": r.malformed if r else 0,
-                **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
-                "train_iter_per_sec": round(learner.train_iter / elapsed, 2)}
+        out = {**source.stats(), "chunks": r.chunks if r else 0, "expired": r.expired if r else 0,
+               "corrupt": r.corrupt if r else 0, "malformed": r.malformed if r else 0,
+               **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
+               "train_iter_per_sec": round(learner.train_iter / elapsed, 2)}
+        if group is not None:  # rank 0's own share of the data, and the cost of averaging gradients
+            out.update(learner_num=group.world_size, allreduce_share=round(group.allreduce_seconds / elapsed, 4))
+        return out
 
     # On-policy iterations are whole rollouts: report each one (the commander's eval triggers count them).
     info_freq = 1 if source.publish_every_iter else lcfg.send_info_freq
-    learner.register_hook(SendInfoHook(conn, exp, task_id, info_freq, stats))
+    if lead:
+        learner.register_hook(SendInfoHook(conn, exp, task_id, info_freq, stats))
     learner.get_data = source
+    if group is not None:
+        group.attach(policy)
+        learner.register_hook(BroadcastStateHook(group))
+        source.shared_envstep = True
+        learner.get_data = group.agree(source)
     learner.register_hook(FeedbackHook(source))
     reader = BufferReader(conn, exp, task["buffer_id"], task_id, source.store, learner.logger, source.notify, lease_key,
-                          train_iter=lambda: learner.train_iter)
+                          train_iter=lambda: learner.train_iter, claim_orphans=lead)
     source.reader = reader
     reader.start()
     try:

@@ -23,7 +23,7 @@ _REQUIRED = {
 }
 _OPTIONAL = {
     "collector": ("task_type", "envstep", "seed", "redis_url", "eval_policy_key", "eval_episodes"),
-    "learner": ("task_type", "resume", "seed", "redis_url"),
+    "learner": ("task_type", "resume", "seed", "redis_url", "group_id", "rank", "world_size"),
 }
 _MAX_ID_LEN = 200
 
@@ -77,6 +77,19 @@ def _check_fields(task: dict, kind: str, tid: str) -> None:
             raise bad(field, "must be an integer in [0, 2**63)")
     if "redis_url" in task and not isinstance(task["redis_url"], str):
         raise bad("redis_url", "must be a string")
+    if kind == "learner" and ("world_size" in task or "rank" in task or "group_id" in task):
+        # A data-parallel learner group (workers/ddp.py): all three, rank in [0, world_size).
+        size, rank, gid = task.get("world_size"), task.get("rank"), task.get("group_id")
+        if not (_is_int(size) and 1 <= size <= 1024):
+            raise bad("world_size", "must be an integer in [1, 1024]")
+        if not (_is_int(rank) and 0 <= rank < size):
+            raise bad("rank", f"must be an integer in [0, world_size={size})")
+        if not isinstance(gid, str) or len(gid) > _MAX_ID_LEN:
+            raise bad("group_id", f"must be a string of at most {_MAX_ID_LEN} characters")
+        try:
+            keys._check("group_id", gid)
+        except ValueError:
+            raise bad("group_id", "is empty or contains ':', space or glob characters") from None
     if kind == "collector":
         cs = task["collect_setting"]
         if not isinstance(cs, dict):

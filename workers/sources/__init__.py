@@ -42,6 +42,10 @@ class DataSource:
         self._base_iter = 0
         self.reader: Optional["BufferReader"] = None
         self.wait_seconds = 0.0
+        # A data-parallel group (workers/ddp.py) counts the env steps every rank consumed: the
+        # buffer's stats hash, re-read whenever this rank's own count says "not yet".
+        self.shared_envstep = False
+        self._shared_seen = 0
 
     def notify(self) -> None:
         """Wake the trainer thread (the reader inserted data, or failed)."""
@@ -61,7 +65,13 @@ class DataSource:
             # Durable count of env steps this buffer consumed before us (exact across learner restarts).
             self._base_envstep = self.reader.env_steps_base if self.reader else self._learner.collector_envstep
             self._base_iter = self._learner.train_iter
-        return self._base_envstep + (self.reader.env_steps if self.reader else 0)
+        own = self._base_envstep + (self.reader.env_steps if self.reader else 0)
+        return max(own, self._shared_seen)
+
+    def _refresh_shared(self) -> None:
+        """Re-read the env steps the whole group consumed (``shared_envstep`` only)."""
+        if self.shared_envstep and self.reader is not None:
+            self._shared_seen = self.reader.consumed_env_steps()
 
     def envstep_limit(self, train_iter: int) -> int:
         """Env steps the collectors may have sent by ``train_iter`` (published with each policy version)."""
@@ -94,6 +104,9 @@ class DataSource:
                 if self._stop_due():
                     return None
                 envstep = self.envstep()
+                if not self._ready(envstep) and self.shared_envstep:
+                    self._refresh_shared()  # the other ranks' chunks count too
+                    envstep = self.envstep()
                 self._learner.collector_envstep = envstep
                 if self._ready(envstep):
                     break

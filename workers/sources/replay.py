@@ -45,7 +45,8 @@ class ReplayFeeder(DataSource):
         """Env steps collectors may have sent by ``train_iter``: what the ratio justifies plus a lead."""
         if self._ratio <= 0:
             return 2**62
-        base = self.envstep() - (self.reader.env_steps if self.reader else 0)
+        self.envstep()  # sets the base on the first call
+        base = self._base_envstep or 0
         return int(base + max(self._start, (train_iter - self._base_iter) / self._ratio) + self._lead)
 
     def ratio_ok(self, envstep: int) -> bool:
