@@ -1,0 +1,98 @@
+"""policy.learn.learner_num > 1: config, commander, coordinator and task checks of learner groups."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from easydict import EasyDict
+
+from common.config import ConfigError, compile_config
+from coordinator.commander import SoloCommander
+from coordinator.daemon import Coordinator
+from workers.learner import _split_for_group
+from workers.task import TaskError, validate_task
+
+
+def _group_cfg(small_cfg, n=2):
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    cfg.policy.learn.learner_num = n
+    return cfg
+
+
+def test_learner_num_is_refused_for_on_policy_data_and_below_1():
+    with pytest.raises(ConfigError, match=r"^config key 'policy.learn.learner_num' = 2: 'ppo' learns from on_policy"):
+        compile_config({"policy": {"learn": {"learner_num": 2}}}, {"policy": {"type": "ppo"}})
+    with pytest.raises(ConfigError, match="'policy.learn.learner_num' must be >= 1, got 0"):
+        compile_config({"policy": {"learn": {"learner_num": 0}}}, {"policy": {"type": "dqn"}})
+    assert compile_config({"policy": {"learn": {"learner_num": 2}}}, {"policy": {"type": "sac"}}).policy.learn.learner_num == 2
+
+
+def test_one_learner_space_holds_a_group_of_ranks(small_cfg):
+    cm = SoloCommander(_group_cfg(small_cfg, 3), run_id="r1")
+    ranks = [cm.get_learner_task() for _ in range(3)]
+    assert cm.get_learner_task() is None  # the one learner space is taken by the whole group
+    assert [t["rank"] for t in ranks] == [0, 1, 2]
+    assert {t["world_size"] for t in ranks} == {3} and len({t["group_id"] for t in ranks}) == 1
+    assert len({t["task_id"] for t in ranks}) == 3 and len({t["seed"] for t in ranks}) == 3
+    assert len({(t["policy_id"], t["buffer_id"], t["resume"]) for t in ranks}) == 1
+    for t in ranks:  # every rank is a valid learner task
+        validate_task(t, "learner")
+    # Two ranks report failure (one died, the other lost its collective): the group fails once.
+    cm.notify_fail_learner_task(ranks[1])
+    cm.notify_fail_learner_task(ranks[0])
+    again = [cm.get_learner_task() for _ in range(3)]
+    assert cm.get_learner_task() is None, "a second failure report of one group freed a second space"
+    assert again[0]["group_id"] != ranks[0]["group_id"] and all(t["resume"] for t in again)
+    assert again[0]["policy_id"] == ranks[0]["policy_id"] and again[0]["buffer_id"] == ranks[0]["buffer_id"]
+
+
+def test_a_single_learner_task_has_no_group_fields(small_cfg):
+    task = SoloCommander(EasyDict(copy.deepcopy(small_cfg)), run_id="r1").get_learner_task()
+    assert not {"group_id", "rank", "world_size"} & set(task)
+
+
+def test_the_coordinator_drops_a_lost_ranks_siblings_and_counts_only_rank_0s_finish(tmp_path, fake_redis, small_cfg):
+    c = Coordinator(_group_cfg(small_cfg), fake_redis, tmp_path)
+    cm = c.commander
+    ranks = [cm.get_learner_task() for _ in range(2)]
+    for t in ranks:
+        c.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
+    c._route({"type": "failed", "task_id": ranks[1]["task_id"], "task_type": "learner", "error": "killed"})
+    assert c.running == {} and set(c._drop_leases) == {t["task_id"] for t in ranks}
+    assert c._failures_in_a_row["learner"] == 1  # one loss, however many ranks it takes down
+    # The replacement group; at the end rank 1's finish is bookkeeping, rank 0's ends the learner.
+    new = [cm.get_learner_task() for _ in range(2)]
+    for t in new:
+        c.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
+    done = {"type": "finished", "task_type": "learner", "buffer_id": new[0]["buffer_id"], "train_iter": 7,
+            "collector_envstep": 70, "learner_done": True}
+    c._route(dict(done, task_id=new[1]["task_id"]))
+    assert cm.summary()["learner_tasks_running"] == 1 and c.learner_last["train_iter"] == 0
+    c._route(dict(done, task_id=new[0]["task_id"]))
+    assert cm.summary()["learner_tasks_running"] == 0 and c.learner_last["train_iter"] == 7
+    c.tb.close()
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("rank", 2, r"'rank' = 2 must be an integer in \[0, world_size=2\)"),
+    ("world_size", 0, r"'world_size' = 0 must be an integer in \[1, 1024\]"),
+    ("group_id", "a:b", r"'group_id' = 'a:b' is empty or contains ':'"),
+    ("group_id", None, r"'group_id' = None must be a string"),
+])
+def test_bad_group_fields_are_refused_by_name(small_cfg, field, value, why):
+    task = SoloCommander(_group_cfg(small_cfg), run_id="r1").get_learner_task()
+    task[field] = value
+    with pytest.raises(TaskError, match=why):
+        validate_task(task, "learner")
+
+
+def test_each_rank_keeps_its_share_of_the_replay_buffer_and_only_rank_0_saves(small_cfg):
+    cfg = _group_cfg(small_cfg)
+    cfg.policy.other.replay_buffer.update(replay_buffer_size=1001, replay_start_size=65)
+    r1 = EasyDict(copy.deepcopy(cfg))
+    _split_for_group(cfg, 2, 0)
+    _split_for_group(r1, 2, 1)
+    assert (cfg.policy.other.replay_buffer.replay_buffer_size, cfg.policy.other.replay_buffer.replay_start_size) == (500, 33)
+    assert cfg.policy.learn.learner.hook.save_ckpt_after_run and cfg.policy.learn.learner.hook.save_ckpt_after_iter == 100
+    assert not r1.policy.learn.learner.hook.save_ckpt_after_run and r1.policy.learn.learner.hook.save_ckpt_after_iter == 0
