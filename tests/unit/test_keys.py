@@ -29,6 +29,7 @@ EXP = "cartpole_dqn"
     (lambda: keys.tasks(EXP), "rqrl:cartpole_dqn:tasks"),
     (lambda: keys.lease(EXP, "learner_task_0123"), "rqrl:cartpole_dqn:task:learner_task_0123:lease"),
     (lambda: keys.experiments(), "rqrl:experiments"),
+    (lambda: keys.learner_group(EXP, "group_0123"), "rqrl:cartpole_dqn:learner_group:group_0123"),
     (lambda: keys.all_keys_pattern(EXP), "rqrl:cartpole_dqn:*"),
 ])
 def test_builders_match_documented_layout(built, expected):
@@ -40,13 +41,13 @@ def test_docstring_table_matches_builders():
     doc_keys = re.findall(r"^\s+(rqrl:\S+)", keys.__doc__, flags=re.M)
     assert len(doc_keys) >= 13
     subst = {"{exp}": "E", "{buffer_id}": "B", "{data_id}": "D", "{policy_id}": "P", "{name}": "N",
-             "{task_id}": "T"}
+             "{task_id}": "T", "{group_id}": "G"}
     built = {
         keys.events("E"), keys.buffer_meta("E", "B"), keys.data("E", "D"), keys.policy("E", "P"),
         keys.ckpt("E", "N"), keys.policy_updates("E", "P"), keys.envstep("E"), keys.commander("E"),
         keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.heartbeat("E", "T"),
         keys.experiments(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"), keys.evals("E"),
-        keys.evaluated_policy("E", "T"),
+        keys.evaluated_policy("E", "T"), keys.learner_group("E", "G"),
     }
     documented = set()
     for k in doc_keys:
