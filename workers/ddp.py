@@ -133,14 +133,17 @@ class LearnerGroup:
     def broadcast_state(self, policy: Any) -> None:
         """Make every rank's policy state (weights, target networks, optimizer state) rank 0's.
 
-        Tensors are broadcast in place into ``policy.state_dict()``, whose tensors share storage
-        with the live modules and optimizers; the structure is the same on every rank (same
-        code, and a resumed group loads one checkpoint).
+        Every tensor of ``policy.state_dict()`` is broadcast from rank 0, then the state is
+        loaded back (``load_state_dict``), which also covers tensors the policy hands out as
+        copies. The structure is the same on every rank (same code; a resumed group loads one
+        checkpoint), and so are its plain numbers.
         """
-        for t in _tensors(policy.state_dict()):
+        state = policy.state_dict()
+        for t in _tensors(state):
             if t.device != self._device and self.backend == "nccl":
                 raise GroupError(f"learner group {self.group_id}: a policy tensor lives on {t.device}, not {self._device}")
             dist.broadcast(t, src=0)
+        policy.load_state_dict(state)
 
     def agree(self, get_batch: Callable[[], Optional[dict[str, np.ndarray]]]) -> Callable[[], Optional[dict[str, np.ndarray]]]:
         """Wrap a data source: a rank's batch, or None for every rank once any rank got None

@@ -156,6 +156,21 @@ def detail_tables(raw: dict) -> str:
         out += [f"| {k} | {v['uniform_it_per_s']} | {v['prioritized_it_per_s']} | {v['cost']:.1%} |"
                 for k, v in r["priorities"].items()]
         out.append("")
+    if "ddp" in r:
+        x = r["ddp"]
+        n1, n2 = x["n1"], x["n2"]
+        out += [f"### Data-parallel learner (`policy.learn.learner_num`, {x['config']}, batch {x['batch_size']} per rank, "
+                f"{x['cpu_count']} cores)", "",
+                "No collectors: each rank samples its own full replay buffer; N = 2 averages gradients over gloo. "
+                "Shares are of each rank's wall time; waiting = time in the collectives beyond their cost with "
+                "both ranks ready.", "",
+                "| learner_num | samples/s per repeat | train iter/s per repeat | gradient all-reduce share | "
+                "agreement share | one all-reduce, ranks ready | waiting for the other rank |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
+                f"| 1 | {n1['samples_per_s']} | {n1['iters_per_s']} | - | - | - | - |",
+                f"| 2 | {n2['samples_per_s']} | {n2['iters_per_s']} | {n2['allreduce_share']} | "
+                f"{n2['agree_share']} | {n2['allreduce_latency_ms']} ms | {n2['wait_share']} |", "",
+                f"N = 2 against N = 1 (medians): ×{x['speedup']}.", ""]
     if "reeval" in r:
         x = r["reeval"]
         out += [f"### final.pt re-evaluated ({x['episodes']} fresh episodes per seed, stop_value {x['stop_value']:g})", "",

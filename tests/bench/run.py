@@ -5,7 +5,8 @@
 
 Runs, in order: time to solve (``rqrl train``, 5 seeds; 3 with --quick), the single-process
 baseline on the same config and seeds, the same two for PPO (CartPole) and SAC (Pendulum, 3
-seeds), the learner with and without prioritized replay, the re-evaluation of final.pt on 20
+seeds), the learner with and without prioritized replay, the data-parallel learner's samples/s
+at ``learner_num`` 1 and 2, the re-evaluation of final.pt on 20
 fresh episodes for 20 seeds, SAC on HalfCheetah for a fixed budget, the component benchmarks
 (collector vs bare loop, transport vs raw redis-py, policy propagation, per-task overhead,
 learner) and the coordinator scale test (8 / 64 / 256 simulated collectors).
@@ -31,8 +32,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.bench import (bench_algorithms, bench_components, bench_coordinator, bench_learner, bench_reeval,
-                         bench_serial, bench_solve, report)
+from tests.bench import (bench_algorithms, bench_components, bench_coordinator, bench_ddp, bench_learner,
+                         bench_reeval, bench_serial, bench_solve, report)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="solve/serial seeds (default 0-4; 0-2 with --quick)")
     ap.add_argument("--repeats", type=int, default=None, help="component repeats (default 3; 2 with --quick)")
     ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
-    ap.add_argument("--parts", nargs="+", default=["solve", "serial", "algorithms", "priorities", "reeval", "halfcheetah",
-                                                   "components", "coordinator"])
+    ap.add_argument("--parts", nargs="+", default=["solve", "serial", "algorithms", "priorities", "ddp", "reeval",
+                                                   "halfcheetah", "components", "coordinator"])
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
     ap.add_argument("--reuse", default=None, metavar="RAW.json",
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     if "priorities" in args.parts:
         _part(r, errors, "priorities", lambda: bench_learner.main(
             ["--iters", "500" if args.quick else "2000", "--repeats", str(repeats)]))
+    if "ddp" in args.parts:
+        _part(r, errors, "ddp", lambda: bench_ddp.main(
+            ["--iters", "300" if args.quick else "1000", "--repeats", str(repeats)]))
     if "reeval" in args.parts:
         _part(r, errors, "reeval", lambda: bench_reeval.main(["--seeds", "4" if args.quick else "20"]))
     if "halfcheetah" in args.parts:
