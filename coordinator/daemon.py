@@ -457,6 +457,8 @@ class Coordinator:
                 pipe.exists(keys.heartbeat(self.exp, t))
             dead = [t for t, alive in zip(started, pipe.execute()) if not alive and t in self.running]
             for t in dead:
+                if t not in self.running:
+                    continue  # dropped with its learner group by an earlier one of these
                 self._fail(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
                               f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
             if dead:
@@ -465,7 +467,8 @@ class Coordinator:
         if waiting:
             for t, job in zip(waiting, Job.fetch_many(waiting, connection=self.conn)):
                 status = job.get_status(refresh=False) if job is not None else None
-                if job is None or status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+                if t in self.running and (job is None or status in (JobStatus.FAILED, JobStatus.STOPPED,
+                                                                     JobStatus.CANCELED)):
                     self._fail(t, f"RQ job is {status or 'gone'} before the task started")
                     self._persist(self.conn.pipeline(transaction=True)).execute()
 

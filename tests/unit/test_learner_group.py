@@ -96,3 +96,15 @@ def test_each_rank_keeps_its_share_of_the_replay_buffer_and_only_rank_0_saves(sm
     assert (cfg.policy.other.replay_buffer.replay_buffer_size, cfg.policy.other.replay_buffer.replay_start_size) == (500, 33)
     assert cfg.policy.learn.learner.hook.save_ckpt_after_run and cfg.policy.learn.learner.hook.save_ckpt_after_iter == 100
     assert not r1.policy.learn.learner.hook.save_ckpt_after_run and r1.policy.learn.learner.hook.save_ckpt_after_iter == 0
+
+
+def test_two_ranks_dead_at_once_fail_their_group_once(tmp_path, fake_redis, small_cfg):
+    c = Coordinator(_group_cfg(small_cfg), fake_redis, tmp_path)
+    ranks = [c.commander.get_learner_task() for _ in range(2)]
+    for t in ranks:  # started, and neither refreshes its heartbeat key
+        c.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
+    c._check_liveness()
+    assert c.running == {} and c._failures_in_a_row["learner"] == 1
+    assert c.commander.summary()["learner_tasks_running"] == 0
+    assert c.commander.get_learner_task()["group_id"] != ranks[0]["group_id"]
+    c.tb.close()
