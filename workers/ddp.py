@@ -22,9 +22,9 @@ forward passes, and several algorithms step more than one optimizer per iteratio
 
 What each rank does (workers/learner.py): all read their own share of the buffer stream
 through consumer group ``learner`` (the stream hands each entry to one consumer), each keeps a
-replay buffer of ``replay_buffer_size / N`` rows and starts at ``replay_start_size / N``, and
-the replay-ratio limiter counts the env steps consumed by the whole group (the buffer's stats
-hash), so the group makes as many optimizer steps per env step as one learner, each on
+replay buffer of ``replay_buffer_size / N`` rows, and the start size and the replay-ratio
+limiter count the env steps consumed by the whole group (the buffer's stats hash;
+workers/sources/replay.py), so the group makes as many optimizer steps per env step as one learner, each on
 ``N * batch_size`` rows. Rank 0 alone publishes weights, saves checkpoints and reports
 ``learner_info``; a failed rank fails the group and the commander starts a new one that
 resumes from checkpoint ``latest`` (coordinator/commander.py).

@@ -388,17 +388,6 @@ def run_learner_task(task: dict) -> dict[str, Any]:
         raise
 
 
-def _split_for_group(cfg: EasyDict, world_size: int, rank: int) -> None:
-    """A group rank's share of the learner config: 1/N of the replay buffer and of its start size
-    (the ranks' buffers together hold what one learner's would), and no checkpoint hooks on
-    ranks other than 0."""
-    rb = cfg.policy.get("other", {}).get("replay_buffer")
-    if rb is not None:
-        rb.replay_buffer_size = max(1, int(rb.replay_buffer_size) // world_size)
-        rb.replay_start_size = -(-int(rb.replay_start_size) // world_size)
-    if rank != 0:
-        cfg.policy.learn.learner.hook.save_ckpt_after_iter = 0
-        cfg.policy.learn.learner.hook.save_ckpt_after_run = False
 
 
 def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]:
@@ -418,7 +407,9 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
             dev = torch.device("cuda", rank % torch.cuda.device_count())
         device = str(dev)
         group = join(conn, exp, task["group_id"], rank, world_size, float(cfg.policy.learn.learner.group_timeout), dev)
-        _split_for_group(cfg, world_size, rank)
+        if rank != 0:  # rank 0 alone checkpoints
+            cfg.policy.learn.learner.hook.save_ckpt_after_iter = 0
+            cfg.policy.learn.learner.hook.save_ckpt_after_run = False
     try:
         return _train(conn, cfg, task, spec, device, group)
     finally:
@@ -438,7 +429,7 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
                              instance_name="learner" if lead else f"learner_rank{group.rank}",
                              checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key, writable=lead))
     source = create_source(algorithm_of(cfg).data_source, conn, exp, learner, cfg, policy.schema(),
-                           int(task.get("seed", 0)))
+                           int(task.get("seed", 0)), group_size=1 if group is None else group.world_size)
     lcfg = cfg.policy.learn.learner
     # before_run hooks run by priority: loading a checkpoint (20) precedes the group's state
     # broadcast (25) and the first publication (30), so collectors start from the resumed weights.
@@ -468,7 +459,6 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
     if group is not None:
         group.attach(policy)
         learner.register_hook(BroadcastStateHook(group))
-        source.shared_envstep = True
         learner.get_data = group.agree(source)
     learner.register_hook(FeedbackHook(source))
     reader = BufferReader(conn, exp, task["buffer_id"], task_id, source.store, learner.logger, source.notify, lease_key,

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 from easydict import EasyDict
 
+from common import keys
 from common.config import ConfigError, compile_config
 from coordinator.commander import SoloCommander
 from coordinator.daemon import Coordinator
-from workers.learner import _split_for_group
+from workers.sources.replay import ReplayFeeder
 from workers.task import TaskError, validate_task
+from tests.unit.test_learner_limiter import BATCH, SCHEMA, Call, rows
 
 
 def _group_cfg(small_cfg, n=2):
@@ -87,15 +90,29 @@ def test_bad_group_fields_are_refused_by_name(small_cfg, field, value, why):
         validate_task(task, "learner")
 
 
-def test_each_rank_keeps_its_share_of_the_replay_buffer_and_only_rank_0_saves(small_cfg):
+def test_a_rank_keeps_its_share_of_the_buffer_and_starts_on_the_groups_env_steps(fake_redis, small_cfg):
+    """A rank's replay buffer holds 1/N of replay_buffer_size; it starts once the whole group
+    consumed replay_start_size env steps (the buffer's stats hash) and it holds a row, and the
+    collectors may send replay_start_size + max_env_step_lead before the first update."""
     cfg = _group_cfg(small_cfg)
-    cfg.policy.other.replay_buffer.update(replay_buffer_size=1001, replay_start_size=65)
-    r1 = EasyDict(copy.deepcopy(cfg))
-    _split_for_group(cfg, 2, 0)
-    _split_for_group(r1, 2, 1)
-    assert (cfg.policy.other.replay_buffer.replay_buffer_size, cfg.policy.other.replay_buffer.replay_start_size) == (500, 33)
-    assert cfg.policy.learn.learner.hook.save_ckpt_after_run and cfg.policy.learn.learner.hook.save_ckpt_after_iter == 100
-    assert not r1.policy.learn.learner.hook.save_ckpt_after_run and r1.policy.learn.learner.hook.save_ckpt_after_iter == 0
+    cfg.policy.other.replay_buffer.update(replay_buffer_size=1001, replay_start_size=200)
+    cfg.policy.learn.update(train_iter_per_env_step=0.5, max_env_step_lead=100)
+    learner = SimpleNamespace(train_iter=0, collector_envstep=0)
+    feeder = ReplayFeeder(fake_redis, cfg.exp_name, learner, cfg, SCHEMA, seed=0, group_size=2)
+    assert feeder.store.capacity == 500
+    stats = keys.buffer_stats(cfg.exp_name, "B")
+    feeder.reader = SimpleNamespace(env_steps=0, env_steps_base=0, error=None,
+                                    consumed_env_steps=lambda: int(fake_redis.hget(stats, "env_steps") or 0))
+    assert feeder.envstep_limit(0) == 300  # the group's start size, not this rank's share
+    feeder.store.extend(rows(64))
+    feeder.reader.env_steps = 64
+    fake_redis.hset(stats, "env_steps", 150)  # the other rank consumed 86 more: not yet 200
+    feeder._refresh_shared()
+    assert feeder.envstep() == 150 and not feeder._ready(feeder.envstep())
+    fake_redis.hset(stats, "env_steps", 210)
+    call = Call(feeder)
+    assert call.returned(3.0) and call.error is None and len(call.result["obs"]) == BATCH
+    assert learner.collector_envstep == 210  # the group's count, reported by rank 0
 
 
 def test_two_ranks_dead_at_once_fail_their_group_once(tmp_path, fake_redis, small_cfg):

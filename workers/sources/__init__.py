@@ -32,8 +32,9 @@ class DataSource:
     #: publish weights every iteration (on-policy: collectors wait for each new version)
     publish_every_iter = False
 
-    def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner") -> None:
+    def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", group_size: int = 1) -> None:
         self._conn, self._exp, self._learner = conn, exp, learner
+        self.group_size = group_size
         self._cond = threading.Condition()
         self._next_stop_check = 0.0
         self._stopped = False
@@ -44,7 +45,6 @@ class DataSource:
         self.wait_seconds = 0.0
         # A data-parallel group (workers/ddp.py) counts the env steps every rank consumed: the
         # buffer's stats hash, re-read whenever this rank's own count says "not yet".
-        self.shared_envstep = False
         self._shared_seen = 0
 
     def notify(self) -> None:
@@ -69,8 +69,8 @@ class DataSource:
         return max(own, self._shared_seen)
 
     def _refresh_shared(self) -> None:
-        """Re-read the env steps the whole group consumed (``shared_envstep`` only)."""
-        if self.shared_envstep and self.reader is not None:
+        """Re-read the env steps the whole learner group consumed (``group_size`` > 1 only)."""
+        if self.group_size > 1 and self.reader is not None:
             self._shared_seen = self.reader.consumed_env_steps()
 
     def envstep_limit(self, train_iter: int) -> int:
@@ -104,7 +104,7 @@ class DataSource:
                 if self._stop_due():
                     return None
                 envstep = self.envstep()
-                if not self._ready(envstep) and self.shared_envstep:
+                if not self._ready(envstep) and self.group_size > 1:
                     self._refresh_shared()  # the other ranks' chunks count too
                     envstep = self.envstep()
                 self._learner.collector_envstep = envstep
@@ -116,16 +116,20 @@ class DataSource:
 
 
 def create_source(kind: str, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
-                  schema: dict[str, Any], seed: int) -> DataSource:
+                  schema: dict[str, Any], seed: int, group_size: int = 1) -> DataSource:
     """The source for ``kind`` (``replay`` or ``on_policy``) with its store (``source.store``).
 
+    ``group_size`` > 1: one rank of a data-parallel learner group (workers/ddp.py; replay only).
+
     Raises:
-        ValueError: an unknown kind.
+        ValueError: an unknown kind, or a learner group on on-policy data.
     """
     if kind == "replay":
         from workers.sources.replay import ReplayFeeder
 
-        return ReplayFeeder(conn, exp, learner, cfg, schema, seed)
+        return ReplayFeeder(conn, exp, learner, cfg, schema, seed, group_size)
+    if group_size > 1:
+        raise ValueError(f"a learner group ({group_size} ranks) needs replay data, not {kind!r}")
     if kind == "on_policy":
         from workers.sources.on_policy import OnPolicySource
 

@@ -23,18 +23,26 @@ if TYPE_CHECKING:
 
 
 class ReplayFeeder(DataSource):
-    """``learner.get_data``: a uniformly sampled batch once data and the replay ratio allow."""
+    """``learner.get_data``: a uniformly sampled batch once data and the replay ratio allow.
+
+    One rank of a learner group of ``group_size`` ranks (workers/ddp.py) keeps
+    ``replay_buffer_size / group_size`` rows (the ranks' buffers together hold one learner's),
+    and starts once the group consumed ``replay_start_size`` env steps since it started and this
+    rank holds a row: a rank-local start would wait for rows the consumer group may have handed
+    to the other ranks, past what the collectors may send before the first update.
+    """
 
     def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
-                 schema: dict[str, Any], seed: int) -> None:
-        super().__init__(conn, exp, learner)
+                 schema: dict[str, Any], seed: int, group_size: int = 1) -> None:
+        super().__init__(conn, exp, learner, group_size)
         rb = cfg.policy.other.replay_buffer
+        size = max(1, int(rb.replay_buffer_size) // group_size)
         if rb.priority:
             self.store: ReplayBuffer = PrioritizedReplayBuffer(
-                int(rb.replay_buffer_size), schema, alpha=float(rb.priority_alpha), beta=float(rb.priority_beta),
+                size, schema, alpha=float(rb.priority_alpha), beta=float(rb.priority_beta),
                 beta_anneal_iters=int(rb.priority_beta_anneal_iters), eps=float(rb.priority_eps))
         else:
-            self.store = ReplayBuffer(int(rb.replay_buffer_size), schema)
+            self.store = ReplayBuffer(size, schema)
         self._batch = int(cfg.policy.learn.batch_size)
         self._start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)
         self._ratio = float(cfg.policy.learn.train_iter_per_env_step)
@@ -54,7 +62,11 @@ class ReplayFeeder(DataSource):
         return self._ratio <= 0 or self._learner.train_iter - self._base_iter < self._ratio * (envstep - self._base_envstep)
 
     def _ready(self, envstep: int) -> bool:
-        return len(self.store) >= self._start and self.ratio_ok(envstep)
+        if self.group_size > 1:
+            started = len(self.store) > 0 and envstep - (self._base_envstep or 0) >= self._start
+        else:
+            started = len(self.store) >= self._start
+        return started and self.ratio_ok(envstep)
 
     def _take(self) -> dict[str, np.ndarray]:
         if isinstance(self.store, PrioritizedReplayBuffer):
