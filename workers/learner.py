@@ -15,6 +15,12 @@ Data arrives through a background :class:`~workers.comm_learner.BufferReader`; `
 the data source the algorithm chose (workers/sources/): a replay buffer under the replay-ratio
 limiter, or on-policy rollouts of the current policy version only. Nothing here knows which
 algorithm trains: the policy's ``learn`` / ``get_weights`` / ``state_dict`` are all it calls.
+
+A task with ``rank`` / ``world_size`` / ``group_id`` (``policy.learn.learner_num`` > 1) is one
+rank of a data-parallel learner group (workers/ddp.py): it joins the group first, averages
+gradients in its optimizers' step pre-hooks, takes rank 0's state before the run and agrees
+with the other ranks on every batch; rank 0 alone publishes, checkpoints and sends
+``learner_info``.
 """
 
 from __future__ import annotations
