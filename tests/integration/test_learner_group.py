@@ -14,9 +14,9 @@ import uuid
 import pytest
 import torch
 
-from common import keys
+from common import keys, streams
 from common.connection import connect
-from tests.conftest import REPO, run_rqrl, worker_env
+from tests.conftest import REPO, worker_env
 from tests.fixtures import ddp_rank
 from tests.fixtures.ddp_rank import TinyPolicy, data
 from workers.ddp import GroupError, join
@@ -73,8 +73,6 @@ def test_a_rank_of_another_world_size_is_refused(real_redis):
 
 
 def _events(conn, exp: str) -> list[dict]:
-    from common import streams
-
     return [streams.decode_fields(raw) for _, raw in conn.xrange(keys.events(exp))]
 
 
@@ -90,18 +88,20 @@ def test_rqrl_train_with_two_learners_converges_and_survives_a_lost_rank(tmp_pat
             "--set", "policy.learn.learner.hook.save_ckpt_after_iter=100"]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=worker_env(""))
-    killed = None
+    killed, rank1, trained, last = None, None, False, b"0"
     try:
         deadline = time.monotonic() + 150
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
-            evs = _events(conn, exp)
-            trained = any(e.get("type") == "learner_info" and int(e.get("train_iter", 0)) >= 150 for e in evs)
-            rank1 = [e for e in evs if e.get("type") == "started" and e.get("rank") == 1]
-            if trained and rank1 and conn.exists(keys.ckpt(exp, "latest")):
-                killed = rank1[0]
+            for _, entries in conn.xread({keys.events(exp): last}, block=500) or []:
+                for last, raw in entries:
+                    ev = streams.decode_fields(raw)
+                    if ev.get("type") == "started" and ev.get("rank") == 1:
+                        rank1 = ev
+                    # Rank 0 has trained past checkpoint 'latest' at iteration 100.
+                    trained |= ev.get("type") == "learner_info" and int(ev.get("train_iter", 0)) >= 150
+            if trained and rank1 is not None:
+                killed = rank1
                 os.kill(int(killed["pid"]), signal.SIGKILL)  # rank 1's work-horse: the group loses a rank
-            else:
-                time.sleep(0.3)
         out, err = proc.communicate(timeout=200)
     finally:
         if proc.poll() is None:
@@ -117,8 +117,9 @@ def test_rqrl_train_with_two_learners_converges_and_survives_a_lost_rank(tmp_pat
     started = [e for e in evs if e.get("type") == "started" and e.get("task_type") == "learner"]
     # Two groups of two ranks: the first, then the replacement after the kill.
     assert sorted(e["rank"] for e in started) == [0, 0, 1, 1], started
-    # The replacement resumed (rank 0 loaded 'latest') rather than starting from scratch.
-    second = [e for e in evs if e.get("type") == "learner_info"]
-    assert min(int(e["train_iter"]) for e in second if e["task_id"] != killed["task_id"]) > 0
+    # The replacement resumed from checkpoint 'latest' (iteration >= 100) rather than from scratch.
+    first_rank0 = next(e["task_id"] for e in started if e["rank"] == 0)
+    second = [int(e["train_iter"]) for e in evs if e.get("type") == "learner_info" and e["task_id"] != first_rank0]
+    assert second and min(second) >= 100, second
     rank0_log = (tmp_path / exp / "log" / "learner" / "learner.txt").read_text()
     assert "loaded checkpoint 'latest'" in rank0_log, rank0_log[-2000:]
