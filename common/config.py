@@ -49,7 +49,10 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         # it exists, False = CPU. Collectors act on the CPU; exported weights are always on the CPU.
         cuda=False,
         # None: read from the env's spaces (common/spaces.py); a set value must agree with the env.
-        model=dict(obs_shape=None, action_shape=None),
+        model=dict(obs_shape=None, action_shape=None,
+                   # Conv torso for image observations, [channels, kernel, stride] per layer (the Nature
+                   # DQN's); unused for flat observations (common/policy/nets.py).
+                   conv=[[32, 8, 4], [64, 4, 2], [64, 3, 1]]),
         learn=dict(
             # Replay-ratio limiter (replay data): at most this many train iterations per env step received ...
             train_iter_per_env_step=0.5,

@@ -13,17 +13,20 @@ def check_chunk(schema: dict[str, tuple[tuple[int, ...], np.dtype]], chunk: Any,
     """Validate a chunk (dict of arrays, one row per transition) against ``schema``; returns its rows.
 
     Raises:
-        ValueError: a missing field, a wrong row shape or unequal lengths, naming ``what``.
+        ValueError: a missing field, a wrong row shape, a dtype that does not cast to the schema's
+            within its kind (floats into uint8 images), or unequal lengths, naming ``what``.
     """
     if not isinstance(chunk, dict):
         raise ValueError(f"{what}: expected a dict of arrays, got {type(chunk).__name__}")
     n = None
-    for name, (shape, _) in schema.items():
+    for name, (shape, dt) in schema.items():
         arr = chunk.get(name)
         if not isinstance(arr, np.ndarray) or arr.ndim == 0:
             raise ValueError(f"{what}: field {name!r} missing, not an array, or 0-d (expected one row per transition)")
         if tuple(arr.shape[1:]) != tuple(shape):
             raise ValueError(f"{what}: field {name!r} rows have shape {tuple(arr.shape[1:])}, expected {tuple(shape)}")
+        if not np.can_cast(arr.dtype, dt, "same_kind"):  # e.g. float pixels where the schema keeps uint8 images
+            raise ValueError(f"{what}: field {name!r} has dtype {arr.dtype}, expected {np.dtype(dt)}")
         if n is None:
             n = len(arr)
         elif len(arr) != n:

@@ -2,7 +2,7 @@
 
 Chunk rows (``B`` rows, all produced by one policy version; ``*O`` the stored observation shape)::
 
-    obs     float32 (B, *O) | int64 (B,)   observation at t
+    obs     float32 (B, *O) | uint8 (B, *O) image | int64 (B,)   observation at t
     action  int64 (B,) | float32 (B, A)    action index (Discrete) or the unclipped Gaussian sample (Box)
     logp    float32 (B,)     log pi_old(action | obs)
     value   float32 (B,)     V_old(obs)
@@ -47,19 +47,18 @@ from common.spaces import SpaceSpec
 
 
 def _init(layer: nn.Module, gain: float) -> None:
-    if isinstance(layer, nn.Linear):
+    if isinstance(layer, (nn.Linear, nn.Conv2d)):
         nn.init.orthogonal_(layer.weight, gain)
         nn.init.zeros_(layer.bias)
 
 
 class ActorCritic(nn.Module):
-    """Shared MLP encoder, an actor head (logits or Gaussian mean) and a critic head."""
+    """Shared encoder (an MLP; conv torso + MLP for images), an actor head (logits or Gaussian mean)
+    and a critic head."""
 
     def __init__(self, spec: SpaceSpec, m: EasyDict) -> None:
         super().__init__()
-        hidden = list(m.encoder_hidden_size_list)
-        self.encoder = nets.mlp([spec.obs_dim, *hidden])
-        last = hidden[-1] if hidden else spec.obs_dim
+        self.encoder, last = nets.encoder(spec, m, list(m.encoder_hidden_size_list))
         self.continuous = spec.action_kind == "box"
         out = spec.action_dim if self.continuous else spec.action_n
         self.actor = nn.Sequential(nets.mlp([last, m.actor_head_hidden_size]), nn.Linear(m.actor_head_hidden_size, out))
@@ -73,7 +72,7 @@ class ActorCritic(nn.Module):
         _init(self.critic[-1], 1.0)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
-        """``x`` float32 (B, obs_dim) -> (action distribution, value float32 (B,))."""
+        """``x`` (``nets.obs_tensor`` output) -> (action distribution, value float32 (B,))."""
         h = self.encoder(x)
         head = self.actor(h)
         if self.continuous:
