@@ -190,19 +190,22 @@ def make_importable(*folders: str) -> None:
 
 
 def probe(cfg: Any) -> SpaceSpec:
-    """Build one env of ``cfg.env`` (after ``env.import_names``), read its spaces, close it.
+    """Build one env of ``cfg.env`` (after ``env.import_names``; with its preset and wrappers,
+    common/envs.py), read its spaces, close it.
 
     Raises:
         SpaceError: the env cannot be built (names ``env.env_id``) or has unsupported spaces.
     """
-    import gymnasium as gym
+    from common import envs
 
     import_env_modules(list(cfg.env.get("import_names", [])))
     env_id = cfg.env.env_id
     try:
-        env = gym.make(env_id, **dict(cfg.env.env_kwargs))
+        env = envs.make(cfg.env, train=True)
+    except envs.EnvConfigError as e:
+        raise SpaceError(str(e)) from None
     except Exception as e:  # gymnasium raises several error types for an unknown id / bad kwargs
-        raise SpaceError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): "
+        raise SpaceError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs / env.wrappers): "
                          f"{type(e).__name__}: {e}") from None
     try:
         return from_spaces(env_id, env.observation_space, env.action_space)

@@ -381,7 +381,7 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
     learner = create_learner(cfg, policy=policy, exp_name=exp,
                              checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key))
     source = create_source(algorithm_of(cfg).data_source, conn, exp, learner, cfg, policy.schema(),
-                           int(task.get("seed", 0)))
+                           int(task.get("seed", 0)), spec)
     lcfg = cfg.policy.learn.learner
     # before_run hooks run by priority: loading a checkpoint (20) precedes the first publication
     # (30), so collectors start from the resumed weights and train_iter.

@@ -19,6 +19,7 @@ import numpy as np
 import redis
 from easydict import EasyDict
 
+from common.spaces import SpaceSpec
 from workers.task import stop_requested
 
 if TYPE_CHECKING:
@@ -103,16 +104,19 @@ class DataSource:
 
 
 def create_source(kind: str, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
-                  schema: dict[str, Any], seed: int) -> DataSource:
+                  schema: dict[str, Any], seed: int, spec: Optional[SpaceSpec] = None) -> DataSource:
     """The source for ``kind`` (``replay`` or ``on_policy``) with its store (``source.store``).
+    With the env's ``spec``, a replay buffer keeps image frames once and checks its memory budget
+    first (common/memory_budget.py).
 
     Raises:
         ValueError: an unknown kind.
+        common.memory_budget.MemoryBudgetError: the replay buffer would not fit in memory.
     """
     if kind == "replay":
         from workers.sources.replay import ReplayFeeder
 
-        return ReplayFeeder(conn, exp, learner, cfg, schema, seed)
+        return ReplayFeeder(conn, exp, learner, cfg, schema, seed, spec)
     if kind == "on_policy":
         from workers.sources.on_policy import OnPolicySource
 

@@ -9,12 +9,14 @@ ratio justifies plus ``max_env_step_lead``) past which collectors wait (workers/
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import redis
 from easydict import EasyDict
 
+from common import frames, memory_budget
+from common.spaces import SpaceSpec
 from workers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from workers.sources import DataSource
 
@@ -26,15 +28,20 @@ class ReplayFeeder(DataSource):
     """``learner.get_data``: a uniformly sampled batch once data and the replay ratio allow."""
 
     def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
-                 schema: dict[str, Any], seed: int) -> None:
+                 schema: dict[str, Any], seed: int, spec: Optional[SpaceSpec] = None) -> None:
         super().__init__(conn, exp, learner)
         rb = cfg.policy.other.replay_buffer
+        framed: list[str] = []
+        if spec is not None:  # a learner task: image frames once, and the memory budget before allocating
+            framed = frames.framed_fields(spec, schema)
+            _, msg = memory_budget.check(cfg, spec, schema)
+            learner.logger.info(msg)
         if rb.priority:
             self.store: ReplayBuffer = PrioritizedReplayBuffer(
                 int(rb.replay_buffer_size), schema, alpha=float(rb.priority_alpha), beta=float(rb.priority_beta),
-                beta_anneal_iters=int(rb.priority_beta_anneal_iters), eps=float(rb.priority_eps))
+                beta_anneal_iters=int(rb.priority_beta_anneal_iters), eps=float(rb.priority_eps), framed=framed)
         else:
-            self.store = ReplayBuffer(int(rb.replay_buffer_size), schema)
+            self.store = ReplayBuffer(int(rb.replay_buffer_size), schema, framed=framed)
         self._batch = int(cfg.policy.learn.batch_size)
         self._start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)
         self._ratio = float(cfg.policy.learn.train_iter_per_env_step)
