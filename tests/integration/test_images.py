@@ -44,3 +44,15 @@ def test_a_conv_torso_larger_than_the_image_fails_at_start_in_one_line(tmp_path)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "policy.model.conv" in lines[0] and "(1, 20, 20)" in lines[0], res.stderr
     assert not (tmp_path / "litcell_dqn").exists()  # nothing was launched
+
+
+@pytest.mark.timeout(120)
+def test_a_replay_buffer_that_cannot_fit_ends_the_run_naming_replay_buffer_size(tmp_path):
+    exp = f"litcell_oom_{os.getpid()}"
+    res = run_rqrl("train", CONFIGS["dqn"], "--set", f"exp_name={exp}",
+                   "--set", "policy.other.replay_buffer.replay_buffer_size=1000000000", cwd=tmp_path, timeout=100)
+    assert res.returncode == 1, res.stdout + res.stderr[-3000:]
+    summary = json.loads((tmp_path / exp / "summary.json").read_text())
+    reason = summary["status"]
+    assert "MemoryBudgetError" in reason and "replay_buffer_size' = 1000000000 needs ~" in reason, reason
+    assert "tasks failed in a row" not in reason  # fatal at once: no learner retried the same allocation
