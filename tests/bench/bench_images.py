@@ -7,8 +7,10 @@
                 chunking (plain msgpack, no Redis); per repeat, back to back
     transport   chunks of real Pong rows (128, packed) sent through the collector's chunk script and
                 read back with XREADGROUP + MGET + the learner's ack script, vs raw redis-py SET (one
-                round trip a chunk) and MGET of the same bytes; with codec none and zstd and lz4;
-                the bytes a chunk takes per env frame (agent step)
+                round trip a chunk) and MGET of the same bytes (both sides from the packed chunk:
+                rqrl's includes msgpack and compression, as a collector pays them), with codec none,
+                lz4 and zstd, and against raw SET/MGET of the uncompressed bytes (does compressing
+                pay?); the bytes a chunk takes per env frame (agent step); decode ms a chunk
     memory      replay buffer bytes per stored transition / one 84 x 84 frame (allocated for
                 pong_dqn's replay_buffer_size), and the frames the store really kept per transition
                 for real Pong chunks
@@ -73,7 +75,7 @@ def pong_chunks(cfg, rows: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
 class ImageBench(Bench):
     # ------------------------------------------------------------------ collector vs bare loop
     def collector(self) -> dict[str, Any]:
-        steps = 1600 if self.quick else 6400
+        steps = 1600 if self.quick else 4800
         cfg = _cfg(task_env_steps=steps)
         policy = make_policy(cfg)
 
@@ -81,7 +83,7 @@ class ImageBench(Bench):
             task = self._task(cfg)
             publish_policy(self.conn, "bench", task["policy_id"], policy.get_weights(), 0, 2**62)
             c = Collector(cfg, task, RedisCommCollector(self.conn, task, 600))
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # the run: policy fetch, reset, rollout, chunks sent
             info = c.run()
             return info["step_count"] / (time.perf_counter() - t0)
 
@@ -91,9 +93,9 @@ class ImageBench(Bench):
             env = make_vector_env(cfg.env, n_env)
             rng = np.random.default_rng(0)
             adder, chunk = p.make_adder(n_env, {"eps": 0.5}), ChunkBuilder(cfg.policy.collect.n_sample)
+            t0 = time.perf_counter()  # a task's first reset loads the ROMs (~0.3 s an env): both pay it
             obs, _ = env.reset(seed=0)
             n = 0
-            t0 = time.perf_counter()
             while n < steps:
                 a, record = p.act(obs, {"eps": 0.5}, rng)
                 nxt, r, te, tr, info = env.step(a)
@@ -148,24 +150,33 @@ class ImageBench(Bench):
                 got += len(entries)
                 dkeys = [keys.data("bench", e[1][b"data_id"].decode()) for e in entries]
                 blobs = blobstore.get_many(self.conn, dkeys)
-                for key, blob in zip(dkeys, blobs):  # the learner decodes every chunk
-                    serialization.loads(chunk_codec.decode(blob, key), what=key)
+                assert all(b is not None for b in blobs)
                 ack_chunks(self.conn, lease, stream, keys.buffer_stats("bench", task["buffer_id"]), keys.LEARNER_GROUP,
                            [(e[0], k, 128, "consumed") for e, k in zip(entries, dkeys)])
             return n * reps / (time.perf_counter() - t0)
 
-        def raw() -> float:
+        def raw(blobs: list[bytes]) -> float:
             self.conn.flushall()
             t0 = time.perf_counter()
             for i in range(n * reps):  # one round trip per chunk, as a collector must
-                self.conn.set(f"raw:{i}", payloads[i % n], ex=600)
+                self.conn.set(f"raw:{i}", blobs[i % n], ex=600)
             for start in range(0, n * reps, 16):
                 self.conn.mget([f"raw:{i}" for i in range(start, min(n * reps, start + 16))])
             return n * reps / (time.perf_counter() - t0)
 
-        r, w, ratio = pairs(rqrl, raw, self.repeats)
+        plain = [serialization.dumps(p) for p in packed]
+        r, w, ratio = pairs(rqrl, lambda: raw(payloads), self.repeats)
+        # Does compressing pay? rqrl with this codec against raw SET/MGET of the uncompressed bytes.
+        wp = [raw(plain) for _ in range(self.repeats)]
+        t0 = time.perf_counter()
+        for p in payloads:  # what the learner's reader then spends per chunk (not in either rate)
+            serialization.loads(chunk_codec.decode(p))
+        decode_ms = (time.perf_counter() - t0) / n * 1e3
         return {"bytes_per_frame": round(nbytes / rows, 1), "chunk_bytes_mean": round(nbytes / n),
-                "rqrl_chunks_per_s": spread(r, 1), "raw_redis_chunks_per_s": spread(w, 1), "transport_vs_raw": spread(ratio)}
+                "decode_ms_per_chunk": round(decode_ms, 2),
+                "rqrl_chunks_per_s": spread(r, 1), "raw_redis_chunks_per_s": spread(w, 1), "transport_vs_raw": spread(ratio),
+                "raw_redis_uncompressed_chunks_per_s": spread(wp, 1),
+                "transport_vs_raw_uncompressed": spread([x / y for x, y in zip(r, wp)])}
 
     # ------------------------------------------------------------------ replay memory and learner
     def memory_and_learner(self, chunks: list[dict[str, np.ndarray]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -184,7 +195,7 @@ class ImageBench(Bench):
                   "allocated_per_transition_vs_frame": round(frames.buffer_bytes(size, schema, fields) / size / FRAME, 3),
                   "stored_transitions": rows, "frames_kept_per_transition": round(buf._frames.total / rows, 3),
                   "plain_bytes_per_transition": round(plain, 1), "plain_vs_frame": round(plain / FRAME, 3)}
-        iters = 100 if self.quick else 400
+        iters = 50 if self.quick else 200
         rng = np.random.default_rng(0)
         batches = [buf.sample(32, rng) for _ in range(8)]
         policy.learn(batches[0])  # warm-up
