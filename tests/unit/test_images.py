@@ -101,3 +101,20 @@ def test_a_chunk_with_float_pixels_is_refused_where_the_schema_keeps_uint8():
     with pytest.raises(ValueError, match="'obs' has dtype float32, expected uint8"):
         check_chunk(schema, {"obs": np.zeros((3, 2, 2), np.float32)}, "chunk")
     assert check_chunk(schema, {"obs": np.zeros((3, 2, 2), np.uint8)}, "chunk") == 3
+
+
+def test_ppo_learns_from_uint8_rollouts_and_sac_refuses_images_in_one_line():
+    spec = spaces.from_spaces("X-v0", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), ACT)
+    cfg = compile_config({"policy": {"learn": {"batch_size": 8}}}, {"policy": {"type": "ppo"}})
+    spaces.check_model(cfg, spec)
+    policy = create_policy(cfg, spec)
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 256, (16, 36, 36, 3), dtype=np.uint8)
+    _, record = policy.act(obs, {}, rng)
+    batch = dict(record, obs=obs, adv=np.ones(16, np.float32), ret=np.ones(16, np.float32))
+    assert np.isfinite(policy.learn(batch)["total_loss"])
+    box = spaces.from_spaces("X-v0", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Box(-1, 1, (2,)))
+    cfg = compile_config({}, {"policy": {"type": "sac"}})
+    with pytest.raises(spaces.SpaceError, match="image observations.*flat observations only") as e:
+        create_policy(cfg, box)
+    assert "\n" not in str(e.value)

@@ -340,7 +340,8 @@ class FakeComm:
     def poll_stop(self):
         return False
 
-    def send_stepdata(self, data_id, arrays):
+    def send_stepdata(self, data_id, arrays, codec="none"):
+        assert codec == "none"  # flat observations are not compressed by default
         self.sent.append(arrays)
         return 1
 

@@ -151,7 +151,9 @@ class PPOPolicy(Policy):
     # ------------------------------------------------------------------ learn
     def learn(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         lc, dev = self.cfg.policy.learn, self.device
-        x = self._x(batch["obs"])
+        image = self.spec.obs_kind == "image"
+        # Images stay uint8 on the device (a quarter of float32) and are scaled per minibatch.
+        x = torch.as_tensor(batch["obs"], device=dev) if image else self._x(batch["obs"])
         action = torch.as_tensor(batch["action"], device=dev)
         old_logp = torch.as_tensor(batch["logp"], dtype=torch.float32, device=dev)
         old_v = torch.as_tensor(batch["value"], dtype=torch.float32, device=dev)
@@ -163,7 +165,7 @@ class PPOPolicy(Policy):
             perm = torch.randperm(n, generator=self._rng).to(dev)
             for start in range(0, n, int(lc.batch_size)):
                 mb = perm[start:start + int(lc.batch_size)]
-                dist, v = self.model(x[mb])
+                dist, v = self.model(nets.obs_tensor(self.spec, x[mb], dev) if image else x[mb])
                 logp = _logp(dist, action[mb], self.continuous)
                 entropy = dist.entropy()
                 entropy = (entropy.sum(-1) if self.continuous else entropy).mean()
