@@ -70,8 +70,8 @@ def pack(chunk: dict[str, np.ndarray], fields: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {k: v for k, v in chunk.items() if k not in fields}
     for name in fields:
         arr = chunk[name]
-        stack = arr.reshape(len(arr), -1, arr.shape[-2], arr.shape[-1])  # (B, C, H, W); C = 1 for hw
-        out[name] = np.array([[index.add(f) for f in row] for row in stack], np.int32).reshape(len(arr), -1)
+        stack = arr if arr.ndim == 4 else arr[:, None]  # (B, C, H, W); C = 1 for hw
+        out[name] = np.array([[index.add(f) for f in row] for row in stack], np.int32).reshape(stack.shape[:2])
     out[FRAMES] = np.stack(index.frames) if index.frames else np.zeros((0, *chunk[fields[0]].shape[-2:]), np.uint8)
     out[FRAMED] = list(fields)
     return out

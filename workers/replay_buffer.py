@@ -15,6 +15,7 @@ import numpy as np
 
 from common import frames
 
+
 def check_chunk(schema: dict[str, tuple[tuple[int, ...], np.dtype]], chunk: Any, what: str) -> int:
     """Validate a chunk (dict of arrays, one row per transition) against ``schema``; returns its rows.
 
@@ -54,9 +55,9 @@ class ReplayBuffer:
         framed: image fields kept as frames in a :class:`FrameStore` (``common.frames.framed_fields``);
             chunks may arrive packed (common/frames.py) or plain.
         frames_per_row: frames stored per transition on average that the store is sized for
-            (``common.frames.frame_capacity``; bytes: ``common.frames.buffer_bytes``); when episodes are so short
-            that more are needed, the oldest transitions are dropped before their frames are
-            overwritten, so the buffer then holds fewer than ``capacity``.
+            (``common.frames.frame_capacity``; bytes: ``common.frames.buffer_bytes``); when
+            episodes are so short that more are needed, the oldest transitions are dropped
+            before their frames are overwritten, so the buffer then holds fewer than ``capacity``.
     """
 
     def __init__(self, capacity: int, schema: dict[str, tuple[tuple[int, ...], np.dtype]],
@@ -86,6 +87,8 @@ class ReplayBuffer:
         n = len(chunk[next(iter(self._schema))])
         if n == 0:
             return
+        if frames.is_packed(chunk) and list(chunk[frames.FRAMED]) != self._framed:
+            chunk = frames.unpack(chunk, self._schema)  # packed otherwise than this buffer keeps frames
         if self._framed and not frames.is_packed(chunk):
             chunk = frames.pack(chunk, self._framed)
         with self._lock:

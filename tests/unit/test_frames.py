@@ -152,3 +152,11 @@ def test_memory_budget_names_replay_buffer_size_when_the_buffer_will_not_fit(mon
 def test_available_memory_is_read_on_this_host():
     got = memory_budget.available_bytes()
     assert got is not None and got[0] > 0
+
+
+def test_a_buffer_without_a_frame_store_unpacks_packed_chunks():
+    buf = ReplayBuffer(100, SCHEMA)
+    chunk = next(stream_chunks(1, 16, nstep=2))
+    buf.extend(frames.pack(chunk, ["obs", "next_obs"]))
+    _truth(buf.sample(16, np.random.default_rng(3)), 2)
+    assert frames.pack({"obs": np.zeros((0, C, H, W), np.uint8)}, ["obs"])["obs"].shape == (0, C)
