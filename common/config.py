@@ -41,6 +41,21 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         # Modules to import before building the env (custom envs that register themselves). A config
         # file's own top-level imports are added here when it is loaded, so workers import them too.
         import_names=[],
+        # "" or "atari": gymnasium's Atari wrappers with the settings of env.atari (common/envs.py).
+        preset="",
+        atari=dict(
+            frame_skip=4,
+            screen_size=84,
+            grayscale=True,
+            frame_stack=4,
+            noop_max=30,
+            repeat_action_probability=0.25,  # sticky actions, as ALE v5
+            terminal_on_life_loss=True,  # training envs only
+            clip_rewards=True,  # to [-1, 1], training envs only: eval returns are game scores
+        ),
+        # More gymnasium wrappers, applied in order after the preset:
+        # [dict(type="module:Class", kwargs={...}, train_only=False), ...]
+        wrappers=[],
     ),
     # The infrastructure part of the ``policy`` section; each algorithm adds its own hyperparameters
     # (common/policy/<name>/__init__.py) over these.
@@ -49,7 +64,10 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         # it exists, False = CPU. Collectors act on the CPU; exported weights are always on the CPU.
         cuda=False,
         # None: read from the env's spaces (common/spaces.py); a set value must agree with the env.
-        model=dict(obs_shape=None, action_shape=None),
+        model=dict(obs_shape=None, action_shape=None,
+                   # Conv torso for image observations, [channels, kernel, stride] per layer (the Nature
+                   # DQN's); unused for flat observations (common/policy/nets.py).
+                   conv=[[32, 8, 4], [64, 4, 2], [64, 3, 1]]),
         learn=dict(
             # Replay-ratio limiter (replay data): at most this many train iterations per env step received ...
             train_iter_per_env_step=0.5,
@@ -82,6 +100,9 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
                 data_ttl=600,  # seconds a step-data blob lives in Redis
                 torch_threads=1,
                 policy_wait_s=120.0,  # seconds a task waits for the learner's first policy
+                # Step-data chunk compression: "auto" (zstd for image observations, else none), "none",
+                # "lz4" or "zstd" (common/chunk_codec.py).
+                compression="auto",
             ),
         ),
         eval=dict(evaluator=dict(max_episode_seconds=60.0)),
@@ -282,6 +303,16 @@ def _validate(cfg: dict) -> None:
         if learner_num > 1 and algo.data_source != "replay":
             raise ConfigError(f"config key 'policy.learn.learner_num' = {learner_num}: {algo.name!r} learns from "
                               f"{algo.data_source} data, which one learner must see whole; use learner_num=1")
+    from common import envs
+
+    try:
+        envs.check(EasyDict(cfg["env"]))
+    except envs.EnvConfigError as e:
+        raise ConfigError(str(e)) from None
+    codec = cfg["policy"].get("collect", {}).get("collector", {}).get("compression", "auto")
+    if codec not in ("auto", "none", "lz4", "zstd"):
+        raise ConfigError(f"config key 'policy.collect.collector.compression' must be 'auto', 'none', 'lz4' or "
+                          f"'zstd', got {codec!r}")
     if cfg["env"]["manager"]["type"] not in ("sync", "async"):
         raise ConfigError(f"config key 'env.manager.type' must be 'sync' or 'async', got {cfg['env']['manager']['type']!r}")
 

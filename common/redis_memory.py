@@ -12,6 +12,7 @@ Only ``INFO memory`` is read (allowed to rqrl's ACL user; ``CONFIG`` usually is 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import redis
@@ -48,11 +49,15 @@ def estimate_footprint(cfg: Any, collectors: int = 2) -> int:
     """
     policy = cfg.get("policy", {})
     model = policy.get("model", {})
-    obs, act = int(model.get("obs_shape", 4) or 4), int(model.get("action_shape", 2) or 2)
+    shape = model.get("obs_shape", 4) or 4
+    # An image's shape is a list: its pixels as MLP inputs overstate the conv net, an upper estimate.
+    image = isinstance(shape, (list, tuple)) and len(shape) >= 2
+    obs = int(math.prod(shape)) if isinstance(shape, (list, tuple)) else int(shape)
+    act = int(model.get("action_shape", 2) or 2)
     dims = [obs, *[int(h) for h in model.get("hidden_size_list", [128, 128])]]
     params = sum(a * b + b for a, b in zip(dims, dims[1:])) + 2 * (dims[-1] * act + act)
     weights = 4 * params * (1 + 2 * 4 + 1)  # policy, latest + final (4 tensors/param each), final_model
-    row = 2 * obs * 4 + 24  # obs, next_obs float32 + action, reward, done, discount
+    row = 2 * obs * (1 if image else 4) + 24  # obs, next_obs (uint8 images, else float32) + action, reward, done, discount
     lead = int(policy.get("learn", {}).get("max_env_step_lead", 256) or 256)
     n_sample = int(policy.get("collect", {}).get("n_sample", 128) or 128)
     in_flight = (lead + 2 * n_sample * (collectors + 1)) * row

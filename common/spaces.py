@@ -8,11 +8,22 @@ and refuses a set value that disagrees, in one line naming the env id, the space
 Supported (classic control and toy text; anything else is refused at start, by name):
 
     observation  Box of any shape, float dtype   -> float32 (*shape)
+                 Box uint8, 2-D or 3-D (an image) -> uint8 (*shape), unchanged (see below)
                  Discrete(n, start)              -> int64 scalar (the index obs - start)
     action       Discrete(n, start)              -> the policy picks an index in [0, n); the env gets index + start
                  Box(low, high, (A,)), finite    -> float32 (A,), clipped or rescaled to [low, high] by the policy
 
-Images (uint8 Box observations) are refused here with a pointer to the image-observation work.
+Images. A uint8 Box observation of 2 or 3 dimensions is an image (``obs_kind="image"``): it is
+stored and sent as uint8 exactly as the env returns it, and the policy's conv encoder
+(common/policy/nets.py) scales it to [0, 1] on its own device. ``obs_layout`` says where the
+channels are:
+
+    (H, W)       "hw"    one channel (e.g. AtariPreprocessing's grey frame)
+    (C, H, W)    "chw"   when the first axis is smaller than the last (FrameStackObservation of
+                         grey frames: (4, 84, 84))
+    (H, W, C)    "hwc"   otherwise, ties included (gymnasium's render / RGB convention: (210, 160, 3))
+
+A uint8 Box of another rank, or of another integer dtype, is refused by name.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ class SpaceSpec:
 
     Attributes:
         env_id: the gymnasium id the spaces came from (for error messages).
-        obs_kind: ``"box"`` or ``"discrete"``.
+        obs_kind: ``"box"``, ``"image"`` or ``"discrete"``.
         obs_shape: the per-step observation shape as stored (``()`` for a Discrete observation).
         obs_n: number of values of a Discrete observation (0 for a Box).
         obs_start: ``start`` of a Discrete observation.
@@ -43,6 +54,7 @@ class SpaceSpec:
         action_start: ``start`` of a Discrete action space.
         action_dim: size of a Box action (0 for Discrete).
         action_low / action_high: Box bounds, one float per action dimension.
+        obs_layout: ``"hw"``, ``"chw"`` or ``"hwc"`` for an image observation, else ``""``.
     """
 
     env_id: str
@@ -56,6 +68,7 @@ class SpaceSpec:
     action_dim: int
     action_low: tuple[float, ...]
     action_high: tuple[float, ...]
+    obs_layout: str = ""  # last, with a default: bundles saved before images load unchanged
 
     @property
     def obs_dim(self) -> int:
@@ -64,7 +77,18 @@ class SpaceSpec:
 
     @property
     def obs_dtype(self) -> np.dtype:
-        return np.dtype(np.int64) if self.obs_kind == "discrete" else np.dtype(np.float32)
+        """Stored dtype: int64 for Discrete, uint8 for images, float32 for other Boxes."""
+        return np.dtype({"discrete": np.int64, "image": np.uint8}.get(self.obs_kind, np.float32))
+
+    @property
+    def image_chw(self) -> tuple[int, int, int]:
+        """An image observation's (channels, height, width), whatever its stored layout."""
+        s = self.obs_shape
+        if self.obs_layout == "hw":
+            return 1, s[0], s[1]
+        if self.obs_layout == "hwc":
+            return s[2], s[0], s[1]
+        return s[0], s[1], s[2]
 
     @property
     def model_action_shape(self) -> int:
@@ -91,10 +115,11 @@ class SpaceSpec:
         return cls(**kw)
 
     def obs_batch(self, obs: np.ndarray) -> np.ndarray:
-        """Observations of a vector env as stored in chunks: float32 (E, *obs_shape) or int64 (E,)."""
+        """Observations of a vector env as stored in chunks: float32 (E, *obs_shape), uint8
+        (E, *obs_shape) for images (no copy when already uint8), or int64 (E,)."""
         if self.obs_kind == "discrete":
             return np.asarray(obs, dtype=np.int64) - self.obs_start
-        return np.asarray(obs, dtype=np.float32)
+        return np.asarray(obs, dtype=self.obs_dtype)
 
 
 def from_spaces(env_id: str, observation_space: Any, action_space: Any) -> SpaceSpec:
@@ -109,18 +134,26 @@ def from_spaces(env_id: str, observation_space: Any, action_space: Any) -> Space
         return SpaceError(f"env {env_id!r}: {what} space {space} is not supported: {why}")
 
     obs, act = observation_space, action_space
+    layout = ""
     if isinstance(obs, gs.Discrete):
         okind, oshape, on, ostart = "discrete", (), int(obs.n), int(obs.start)
     elif isinstance(obs, gs.Box):
-        if obs.dtype == np.uint8 and len(obs.shape) >= 2:
-            raise refuse("observation", obs, "image observations (uint8) are not supported yet")
-        if not np.issubdtype(obs.dtype, np.floating):
-            raise refuse("observation", obs, f"dtype {obs.dtype}; a Box observation must be a float dtype")
-        okind, oshape, on, ostart = "box", tuple(int(s) for s in obs.shape), 0, 0
+        oshape = tuple(int(s) for s in obs.shape)
+        if obs.dtype == np.uint8:
+            if len(oshape) not in (2, 3):
+                raise refuse("observation", obs, "a uint8 Box observation is an image and must be 2-D (H, W) "
+                                                 "or 3-D (C, H, W) / (H, W, C)")
+            layout = "hw" if len(oshape) == 2 else ("chw" if oshape[0] < oshape[-1] else "hwc")
+            okind, on, ostart = "image", 0, 0
+        elif not np.issubdtype(obs.dtype, np.floating):
+            raise refuse("observation", obs, f"dtype {obs.dtype}; a Box observation must be a float dtype "
+                                             "(or uint8 for an image)")
+        else:
+            okind, on, ostart = "box", 0, 0
     else:
-        raise refuse("observation", obs, "only Box (float) and Discrete observations are")
+        raise refuse("observation", obs, "only Box (float, or uint8 images) and Discrete observations are")
     if isinstance(act, gs.Discrete):
-        return SpaceSpec(env_id, okind, oshape, on, ostart, "discrete", int(act.n), int(act.start), 0, (), ())
+        return SpaceSpec(env_id, okind, oshape, on, ostart, "discrete", int(act.n), int(act.start), 0, (), (), layout)
     if isinstance(act, gs.Box):
         if len(act.shape) != 1:
             raise refuse("action", act, "a Box action must be 1-D")
@@ -128,7 +161,7 @@ def from_spaces(env_id: str, observation_space: Any, action_space: Any) -> Space
         if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
             raise refuse("action", act, "Box actions need finite bounds")
         return SpaceSpec(env_id, okind, oshape, on, ostart, "box", 0, 0, int(act.shape[0]),
-                         tuple(float(x) for x in low), tuple(float(x) for x in high))
+                         tuple(float(x) for x in low), tuple(float(x) for x in high), layout)
     raise refuse("action", act, "only Discrete and Box actions are")
 
 
@@ -157,19 +190,22 @@ def make_importable(*folders: str) -> None:
 
 
 def probe(cfg: Any) -> SpaceSpec:
-    """Build one env of ``cfg.env`` (after ``env.import_names``), read its spaces, close it.
+    """Build one env of ``cfg.env`` (after ``env.import_names``; with its preset and wrappers,
+    common/envs.py), read its spaces, close it.
 
     Raises:
         SpaceError: the env cannot be built (names ``env.env_id``) or has unsupported spaces.
     """
-    import gymnasium as gym
+    from common import envs
 
     import_env_modules(list(cfg.env.get("import_names", [])))
     env_id = cfg.env.env_id
     try:
-        env = gym.make(env_id, **dict(cfg.env.env_kwargs))
+        env = envs.make(cfg.env, train=True)
+    except envs.EnvConfigError as e:
+        raise SpaceError(str(e)) from None
     except Exception as e:  # gymnasium raises several error types for an unknown id / bad kwargs
-        raise SpaceError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): "
+        raise SpaceError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs / env.wrappers): "
                          f"{type(e).__name__}: {e}") from None
     try:
         return from_spaces(env_id, env.observation_space, env.action_space)
@@ -178,7 +214,8 @@ def probe(cfg: Any) -> SpaceSpec:
 
 
 def check_model(cfg: Any, spec: SpaceSpec) -> None:
-    """Fill unset ``policy.model.obs_shape`` / ``action_shape`` from ``spec``; refuse disagreeing ones.
+    """Fill unset ``policy.model.obs_shape`` / ``action_shape`` from ``spec``; refuse disagreeing ones,
+    and, for an image observation, a ``policy.model.conv`` that is malformed or leaves no pixels.
 
     Mutates ``cfg.policy.model`` in place.
 
@@ -198,6 +235,29 @@ def check_model(cfg: Any, spec: SpaceSpec) -> None:
         elif _norm(got) != _norm(want):
             raise SpaceError(f"config key 'policy.model.{key}' is {got!r} but env {spec.env_id!r} has {what} "
                              f"(expected {want!r}); leave it unset to read it from the env")
+    if spec.obs_kind == "image":
+        _check_conv(model.get("conv"), spec)
+
+
+def conv_out_hw(hw: tuple[int, int], conv: list[list[int]]) -> tuple[int, int]:
+    """Spatial size (H, W) after unpadded convs ``[[channels, kernel, stride], ...]`` (may reach <= 0)."""
+    h, w = hw
+    for _, k, st in conv:
+        h, w = (h - int(k)) // int(st) + 1, (w - int(k)) // int(st) + 1
+    return h, w
+
+
+def _check_conv(conv: Any, spec: SpaceSpec) -> None:
+    if not (isinstance(conv, (list, tuple)) and conv and all(
+            isinstance(layer, (list, tuple)) and len(layer) == 3 and all(isinstance(x, int) and x > 0 for x in layer)
+            for layer in conv)):
+        raise SpaceError(f"config key 'policy.model.conv' must be a non-empty list of [channels, kernel, stride] "
+                         f"positive ints for the image observation of env {spec.env_id!r}, got {conv!r}")
+    h, w = conv_out_hw(spec.image_chw[1:], conv)
+    if h < 1 or w < 1:
+        raise SpaceError(f"config key 'policy.model.conv' {conv!r} shrinks env {spec.env_id!r}'s image "
+                         f"{spec.obs_shape} (layout {spec.obs_layout}) to nothing; use smaller kernels or strides, "
+                         f"or a larger image (the default Nature torso needs at least 36x36)")
 
 
 def _norm(v: Any) -> tuple[int, ...]:

@@ -68,9 +68,21 @@ def cmd_clean(args: argparse.Namespace) -> int:
 def cmd_config_show(args: argparse.Namespace) -> int:
     cfg = _load(args.config, args.overrides, None)
     try:
-        spaces.check_model(cfg, spaces.probe(cfg))  # show the shapes the run will use
+        spec = spaces.probe(cfg)
+        spaces.check_model(cfg, spec)  # show the shapes the run will use
     except spaces.SpaceError as e:
         print(f"note: {e}", file=sys.stderr)
+        spec = None
+    from common.policy import algorithm_of, create_policy
+
+    if spec is not None and algorithm_of(cfg).data_source == "replay":
+        from common import memory_budget
+
+        schema = create_policy(cfg, spec, modes=("collect",), device="cpu").schema()
+        try:  # the learner's check, run here against this machine's memory (stderr: stdout stays JSON)
+            print(memory_budget.check(cfg, spec, schema)[1], file=sys.stderr)
+        except memory_budget.MemoryBudgetError as e:
+            print(f"note: {e}", file=sys.stderr)
     print(json.dumps(cfg, indent=2, default=str))
     return 0
 

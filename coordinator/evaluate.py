@@ -190,16 +190,15 @@ class _VideoWriter:
 
 
 # ---------------------------------------------------------------------------- evaluation
-def _make_env(env_id: str, env_kwargs: dict[str, Any], render: bool) -> Any:
-    import gymnasium as gym
+def _make_env(env_cfg: Any, render: bool) -> Any:
+    from common import envs
 
-    kwargs = dict(env_kwargs)
-    if render:
-        kwargs["render_mode"] = "rgb_array"
+    extra = {"render_mode": "rgb_array"} if render else {}
     try:
-        return gym.make(env_id, **kwargs)
+        return envs.make(env_cfg, train=False, **extra)  # eval wrappers: true game scores
     except Exception as e:  # gymnasium raises several error types for an unknown id / bad kwargs
-        raise EvalError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): {_first_line(e)}") from None
+        raise EvalError(f"cannot build env {env_cfg.env_id!r} (config key env.env_id / env.env_kwargs / "
+                        f"env.wrappers): {_first_line(e)}") from None
 
 
 def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[int] = None, seed: Optional[int] = None,
@@ -262,7 +261,7 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
     except (ValueError, KeyError) as e:
         raise EvalError(f"{where}: {e}") from None
 
-    env = _make_env(cfg.env.env_id, dict(cfg.env.env_kwargs), render=video_path is not None)
+    env = _make_env(cfg.env, render=video_path is not None)
     writer: Optional[_VideoWriter] = None
     try:
         if video_path is not None:

@@ -5,7 +5,8 @@
 A training task acts with the policy (``policy.act`` with the task's ``collect_setting``, e.g.
 an exploration rate), turns steps into rows with the policy's adder, packs them into chunks of at
 least ``policy.collect.n_sample`` rows (one msgpack blob plus one metadata entry on the
-buffer's stream each, tagged with the policy version that produced them), refreshes its
+buffer's stream each; image fields as distinct frames, common/frames.py, and the blob
+compressed per ``collector.compression``, common/chunk_codec.py; tagged with the policy version that produced them), refreshes its
 weights whenever the learner publishes a newer version (on-policy algorithms wait for it after
 each chunk), and ends after ``task_env_steps`` env steps or at the stop flag. An eval task
 (``eval_flag``) plays ``env.n_evaluator_episode`` deterministic episodes, counts each exactly
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from common import events, spaces
+from common import chunk_codec, events, frames, spaces
 from common.policy import algorithm_of, create_policy, export
 from common.seeding import env_seeds
 from workers.comm_collector import RedisCommCollector
@@ -121,7 +122,7 @@ class Collector:
         self._rng = np.random.default_rng(int(task.get("seed", 0)))
         env_num = cfg.env.evaluator_env_num if self._eval else cfg.env.collector_env_num
         spaces.import_env_modules(list(cfg.env.import_names))
-        self._env = make_vector_env(cfg.env.env_id, env_num, cfg.env.manager.type, dict(cfg.env.env_kwargs))
+        self._env = make_vector_env(cfg.env, env_num, train=not self._eval)
         try:
             self._spec = spaces.from_spaces(cfg.env.env_id, self._env.single_observation_space,
                                             self._env.single_action_space)
@@ -131,6 +132,9 @@ class Collector:
             self._env.close()
             raise
         self._on_policy = algorithm_of(cfg).data_source == "on_policy"
+        # Image fields travel as distinct frames (common/frames.py), compressed per the config.
+        self._framed = frames.framed_fields(self._spec, self._policy.schema()) if not self._eval else []
+        self._codec = chunk_codec.resolve(str(cfg.policy.collect.collector.compression), self._spec.obs_kind == "image")
         self._env_num = env_num
         self.policy_version = -1  # version of the weights held; set by the first policy fetch
         self.update_delays: list[float] = []  # seconds from each publication to acting with it
@@ -199,7 +203,7 @@ class Collector:
             arrays = chunk.take()
             # Once per chunk rather than per step: NaN/inf from the env would poison training.
             check_finite(env_id, *(a for a in arrays.values() if a.dtype.kind == "f"))
-            nbytes = self._comm.send_stepdata(data_id, arrays)
+            nbytes = self._comm.send_stepdata(data_id, frames.pack(arrays, self._framed), self._codec)
             self._comm.send_metadata({
                 "data_id": data_id, "task_id": self._task["task_id"], "policy_version": version,
                 "n_samples": rows, "env_steps": steps - steps_at_last_send, "nbytes": nbytes,

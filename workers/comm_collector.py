@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from common import blobstore, events, keys, serialization, streams
+from common import blobstore, chunk_codec, events, keys, serialization, streams
 from common.finite import NonFiniteError, check_arrays
 from common.scripts import send_chunk
 
@@ -75,9 +75,10 @@ class RedisCommCollector:
         events.emit(self._conn, self._exp, "finished", self._task_id, "collector",
                     buffer_id=self._task["buffer_id"], **finish_info)
 
-    def send_stepdata(self, data_id: str, stepdata: dict[str, np.ndarray]) -> int:
-        """Stage one chunk of stacked transitions as a msgpack blob (sent by :meth:`flush`); returns bytes."""
-        payload = serialization.dumps(stepdata)
+    def send_stepdata(self, data_id: str, stepdata: dict[str, Any], codec: str = "none") -> int:
+        """Stage one chunk of stacked transitions as a msgpack blob, compressed with ``codec``
+        (common/chunk_codec.py; sent by :meth:`flush`); returns its bytes."""
+        payload = chunk_codec.encode(serialization.dumps(stepdata), codec)
         self._pending["data_key"] = keys.data(self._exp, data_id)
         self._pending["payload"] = payload
         return len(payload)

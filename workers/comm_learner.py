@@ -25,7 +25,7 @@ import redis
 import torch
 
 from common.finite import check_arrays
-from common import blobstore, keys, serialization, streams
+from common import blobstore, chunk_codec, keys, serialization, streams
 from common.scripts import ack_chunks
 
 _META_SPEC = {"data_id": str, "n_samples": int, "env_steps": int, "policy_version": int}
@@ -164,7 +164,7 @@ class BufferReader(threading.Thread):
                 plan.append((entry_id, key, env_steps, "duplicate"))
                 continue
             try:
-                chunk = serialization.loads(blob, what=key)
+                chunk = serialization.loads(chunk_codec.decode(blob, key), what=key)
                 self._buffer.check(chunk, key)
             except ValueError as e:
                 self._logger.error("skipping corrupt step data: %s", e)

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from common import envs
 from common.spaces import SpaceSpec
 
 
@@ -15,21 +16,27 @@ class EnvError(RuntimeError):
     """An env could not be built or misbehaved (names the env id)."""
 
 
-def make_vector_env(env_id: str, num_envs: int, manager: str = "sync", env_kwargs: dict[str, Any] | None = None) -> gym.vector.VectorEnv:
-    """A gymnasium vector env with SAME_STEP autoreset.
+def make_vector_env(env_cfg: Any, num_envs: int, train: bool = True) -> gym.vector.VectorEnv:
+    """A gymnasium vector env of the config's ``env`` section (base env + preset + wrappers, see
+    common/envs.py; ``train`` False for eval tasks) with SAME_STEP autoreset, vectorised by
+    ``env.manager.type``.
 
     SAME_STEP makes the step that ends an episode return the *reset* observation, with the true
     final observation in ``info["final_obs"]`` — so every step is a real transition (the default
     NEXT_STEP mode inserts a fake transition after each episode end).
 
     Raises:
-        EnvError: unknown env id or bad kwargs, naming ``env_id``.
+        EnvError: unknown env id, bad kwargs or a bad wrapper, naming ``env_id``.
     """
+    env_id = env_cfg.env_id
     try:
-        return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=manager,
-                            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **(env_kwargs or {}))
+        envs.import_preset(env_cfg)
+        return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=env_cfg.manager.type,
+                            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                            wrappers=envs.wrappers(env_cfg, train), **envs.base_kwargs(env_cfg))
     except Exception as e:  # gymnasium raises several error types for an unknown id
-        raise EnvError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs): {type(e).__name__}: {e}") from None
+        raise EnvError(f"cannot build env {env_id!r} (config key env.env_id / env.env_kwargs / env.preset / "
+                       f"env.wrappers): {type(e).__name__}: {e}") from None
 
 
 def step(env: gym.vector.VectorEnv, env_id: str, actions: np.ndarray) -> tuple:

@@ -435,7 +435,7 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
                              instance_name="learner" if lead else f"learner_rank{group.rank}",
                              checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key, writable=lead))
     source = create_source(algorithm_of(cfg).data_source, conn, exp, learner, cfg, policy.schema(),
-                           int(task.get("seed", 0)), group_size=1 if group is None else group.world_size)
+                           int(task.get("seed", 0)), spec, group_size=1 if group is None else group.world_size)
     lcfg = cfg.policy.learn.learner
     # before_run hooks run by priority: loading a checkpoint (20) precedes the group's state
     # broadcast (25) and the first publication (30), so collectors start from the resumed weights.

@@ -1,5 +1,10 @@
 """Replay buffers of stacked transition arrays (ring buffers, thread-safe): uniform, and
-proportional prioritized replay (Schaul et al. 2016) on a numpy sum tree."""
+proportional prioritized replay (Schaul et al. 2016) on a numpy sum tree.
+
+Image fields packed as frames (common/frames.py) are kept once each in a :class:`FrameStore`:
+a row holds the frame numbers of its stacked observations, so a DQN transition of 4 stacked
+84x84 frames (obs and next_obs: 8 frames sent plain) costs about one frame of memory.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,32 @@ from typing import Any
 
 import numpy as np
 
+from common import frames
+
 
 def check_chunk(schema: dict[str, tuple[tuple[int, ...], np.dtype]], chunk: Any, what: str) -> int:
     """Validate a chunk (dict of arrays, one row per transition) against ``schema``; returns its rows.
 
     Raises:
-        ValueError: a missing field, a wrong row shape or unequal lengths, naming ``what``.
+        ValueError: a missing field, a wrong row shape, a dtype that does not cast to the schema's
+            within its kind (floats into uint8 images), or unequal lengths, naming ``what``.
     """
     if not isinstance(chunk, dict):
         raise ValueError(f"{what}: expected a dict of arrays, got {type(chunk).__name__}")
+    framed: set[str] = set()
+    if frames.is_packed(chunk):  # image fields as frame indices (common/frames.py)
+        frames.check_packed(chunk, schema, what)
+        framed = set(chunk[frames.FRAMED])
     n = None
-    for name, (shape, _) in schema.items():
+    for name, (shape, dt) in schema.items():
         arr = chunk.get(name)
         if not isinstance(arr, np.ndarray) or arr.ndim == 0:
             raise ValueError(f"{what}: field {name!r} missing, not an array, or 0-d (expected one row per transition)")
-        if tuple(arr.shape[1:]) != tuple(shape):
-            raise ValueError(f"{what}: field {name!r} rows have shape {tuple(arr.shape[1:])}, expected {tuple(shape)}")
+        if name not in framed:  # packed fields: indices, checked by check_packed
+            if tuple(arr.shape[1:]) != tuple(shape):
+                raise ValueError(f"{what}: field {name!r} rows have shape {tuple(arr.shape[1:])}, expected {tuple(shape)}")
+            if not np.can_cast(arr.dtype, dt, "same_kind"):  # e.g. float pixels where the schema keeps uint8 images
+                raise ValueError(f"{what}: field {name!r} has dtype {arr.dtype}, expected {np.dtype(dt)}")
         if n is None:
             n = len(arr)
         elif len(arr) != n:
@@ -37,14 +52,23 @@ class ReplayBuffer:
     Args:
         capacity: number of transitions kept (the oldest are overwritten).
         schema: field name -> (per-row shape, dtype), e.g. ``{"obs": ((4,), np.float32), ...}``.
+        framed: image fields kept as frames in a :class:`FrameStore` (``common.frames.framed_fields``);
+            chunks may arrive packed (common/frames.py) or plain.
+        frames_per_row: frames stored per transition on average that the store is sized for
+            (``common.frames.frame_capacity``; bytes: ``common.frames.buffer_bytes``); when
+            episodes are so short that more are needed, the oldest transitions are dropped
+            before their frames are overwritten, so the buffer then holds fewer than ``capacity``.
     """
 
-    def __init__(self, capacity: int, schema: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    def __init__(self, capacity: int, schema: dict[str, tuple[tuple[int, ...], np.dtype]],
+                 framed: list[str] | tuple[str, ...] = (), frames_per_row: float = 1.1) -> None:
         if capacity < 1:
             raise ValueError(f"replay_buffer_size must be >= 1, got {capacity}")
         self.capacity = capacity
         self._schema = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in schema.items()}
-        self._data = {k: np.zeros((capacity, *shape), dt) for k, (shape, dt) in self._schema.items()}
+        self._framed = list(framed)
+        self._frames = FrameStore(capacity, self._schema, self._framed, frames_per_row) if framed else None
+        self._data = {k: np.zeros((capacity, *shape), dt) for k, (shape, dt) in frames.row_layout(self._schema, framed)}
         self._next = 0
         self._size = 0
         self.pushed = 0  # transitions inserted over the buffer's life
@@ -58,22 +82,51 @@ class ReplayBuffer:
         """Validate a chunk against the schema; returns its row count (see :func:`check_chunk`)."""
         return check_chunk(self._schema, chunk, what)
 
-    def extend(self, chunk: dict[str, np.ndarray], version: int = 0) -> None:
+    def extend(self, chunk: dict[str, Any], version: int = 0) -> None:
         """Insert the rows of a validated chunk (see :meth:`check`); any policy ``version`` is kept."""
-        n = len(next(iter(chunk.values())))
+        n = len(chunk[next(iter(self._schema))])
         if n == 0:
             return
+        if frames.is_packed(chunk) and list(chunk[frames.FRAMED]) != self._framed:
+            chunk = frames.unpack(chunk, self._schema)  # packed otherwise than this buffer keeps frames
+        if self._framed and not frames.is_packed(chunk):
+            chunk = frames.pack(chunk, self._framed)
         with self._lock:
+            rows = dict(chunk)
+            if self._frames is not None:
+                rows.update(self._frames.add(chunk))
+                self._evict(self._frames.oldest_usable_t0())
             idx = (self._next + np.arange(n)) % self.capacity
-            for name, (_, dt) in self._schema.items():
-                self._data[name][idx] = chunk[name].astype(dt, copy=False)
+            for name, arr in self._data.items():
+                arr[idx] = rows[name]
             self._next = int((self._next + n) % self.capacity)
             self._size = min(self.capacity, self._size + n)
             self.pushed += n
             self._inserted(idx)
 
+    def _evict(self, t0_min: int) -> None:
+        """Drop the oldest rows whose frames the store has overwritten (rows are FIFO in ``_t0``)."""
+        t0 = self._data[frames.T0]
+        drop = 0
+        while drop < self._size and t0[(self._next - self._size + drop) % self.capacity] < t0_min:
+            drop += 1
+        if drop:
+            gone = (self._next - self._size + np.arange(drop)) % self.capacity
+            self._size -= drop
+            self._evicted(gone)
+
     def _inserted(self, idx: np.ndarray) -> None:
         """Called under the lock with the slots just written (prioritized replay sets their priority)."""
+
+    def _evicted(self, idx: np.ndarray) -> None:
+        """Called under the lock with slots dropped before the ring reached them (their frames go)."""
+
+    def _rows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        out = {k: v[idx] for k, v in self._data.items() if k != frames.T0}
+        if self._frames is not None:
+            for name in self._framed:
+                out[name] = self._frames.gather(out[name], self._schema[name][0])
+        return out
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """``batch_size`` rows drawn uniformly with replacement.
@@ -84,10 +137,83 @@ class ReplayBuffer:
         with self._lock:
             if self._size == 0:
                 raise ValueError("cannot sample from an empty replay buffer")
-            idx = rng.integers(0, self._size, size=batch_size)
-            out = {k: v[idx] for k, v in self._data.items()}
+            # Live rows are the ring segment ending at _next (all slots once full).
+            idx = (self._next - self._size + rng.integers(0, self._size, size=batch_size)) % self.capacity
+            out = self._rows(idx)
             self.sampled += batch_size
         return out
+
+
+class FrameStore:
+    """The frames of a replay buffer's image fields, each kept once (a ring of H x W uint8 frames).
+
+    Frame ``s`` (numbered from 0 over the store's life) sits in slot ``s % frame_capacity``. A
+    chunk's distinct frames (common/frames.py) are matched by content against the last
+    :data:`WINDOW` frames stored (consecutive chunks of one env share their stacked frames) and
+    stored only when new. A row references frames numbered at least ``_t0 - WINDOW``, where
+    ``_t0`` is the store's count when the row arrived; the buffer drops rows whose frames are
+    about to be overwritten (:meth:`oldest_usable_t0`).
+    """
+
+    WINDOW = frames.WINDOW
+
+    def __init__(self, capacity: int, schema: dict[str, tuple[tuple[int, ...], np.dtype]], framed: list[str],
+                 frames_per_row: float) -> None:
+        shape = schema[framed[0]][0]
+        self.size = frames.frame_capacity(capacity, frames_per_row)
+        self._frames = np.zeros((self.size, *shape[-2:]), np.uint8)
+        self.total = 0  # frames stored over the store's life
+        self._recent: dict[int, list[int]] = {}  # hash of a frame's bytes -> frame numbers
+        self._order: list[tuple[int, int]] = []  # (hash, frame number), oldest first, for expiry
+        self._order_head = 0
+
+    def add(self, chunk: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Store a packed chunk's new frames; returns its framed fields as frame numbers int64 (B, C)
+        and ``_t0`` (B,)."""
+        t0 = self.total
+        local = chunk[frames.FRAMES]
+        number = np.empty(len(local), np.int64)
+        for i, f in enumerate(local):
+            number[i] = self._find_or_store(f)
+        out = {name: number[chunk[name]] for name in chunk[frames.FRAMED]}
+        out[frames.T0] = np.full(len(next(iter(out.values()))), t0, np.int64)
+        return out
+
+    def _find_or_store(self, frame: np.ndarray) -> int:
+        raw = frame.tobytes()
+        h = hash(raw)
+        self._expire()
+        for s in self._recent.get(h, ()):
+            if self._frames[s % self.size].tobytes() == raw:  # equal hashes are confirmed byte for byte
+                return s
+        s = self.total
+        self._frames[s % self.size] = frame
+        self.total += 1
+        self._recent.setdefault(h, []).append(s)
+        self._order.append((h, s))
+        return s
+
+    def _expire(self) -> None:
+        """Forget frames older than the window: rows never reference them anew."""
+        lo = self.total - self.WINDOW
+        while self._order_head < len(self._order) and self._order[self._order_head][1] < lo:
+            h, s = self._order[self._order_head]
+            bucket = self._recent[h]
+            bucket.remove(s)
+            if not bucket:
+                del self._recent[h]
+            self._order_head += 1
+        if self._order_head > 2 * self.WINDOW:  # compact the expiry list now and then
+            del self._order[: self._order_head]
+            self._order_head = 0
+
+    def oldest_usable_t0(self) -> int:
+        """Rows that arrived before the store had stored this many frames may reference overwritten ones."""
+        return self.total - self.size + self.WINDOW
+
+    def gather(self, numbers: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """Frame numbers int64 (B, C) -> uint8 (B, *shape) images."""
+        return self._frames[numbers % self.size].reshape(len(numbers), *shape)
 
 
 class SumTree:
@@ -151,7 +277,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     train iterations; the learner then feeds back |delta| through :meth:`update_priorities`.
 
     Args:
-        capacity, schema: as :class:`ReplayBuffer`.
+        capacity, schema, framed: as :class:`ReplayBuffer`.
         alpha: priority exponent (0 = uniform).
         beta: initial importance-sampling exponent.
         beta_anneal_iters: train iterations over which beta reaches 1 (0: stays at ``beta``).
@@ -159,8 +285,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """
 
     def __init__(self, capacity: int, schema: dict[str, tuple[tuple[int, ...], np.dtype]], alpha: float = 0.6,
-                 beta: float = 0.4, beta_anneal_iters: int = 0, eps: float = 1e-6) -> None:
-        super().__init__(capacity, schema)
+                 beta: float = 0.4, beta_anneal_iters: int = 0, eps: float = 1e-6,
+                 framed: list[str] | tuple[str, ...] = ()) -> None:
+        super().__init__(capacity, schema, framed)
         if alpha < 0 or not 0 <= beta <= 1 or not eps > 0:
             raise ValueError(f"priority_alpha must be >= 0, priority_beta in [0, 1] and priority_eps > 0, "
                              f"got {alpha}, {beta}, {eps}")
@@ -181,6 +308,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._generation[idx] += 1
         self._tree.update(idx, np.full(len(idx), (self._max_priority + self.eps) ** self.alpha))
 
+    def _evicted(self, idx: np.ndarray) -> None:
+        self._tree.update(idx, np.zeros(len(idx)))
+
     def sample(self, batch_size: int, rng: np.random.Generator, train_iter: int = 0) -> dict[str, np.ndarray]:
         """``batch_size`` rows drawn with P(i) proportional to p_i (stratified over the total mass),
         plus ``weight`` float32 (B,); remembers the rows for :meth:`update_priorities`.
@@ -193,10 +323,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 raise ValueError("cannot sample from an empty replay buffer")
             total = self._tree.total
             mass = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
-            idx = np.minimum(self._tree.find(np.minimum(mass, np.nextafter(total, 0))), self._size - 1)
+            idx = self._tree.find(np.minimum(mass, np.nextafter(total, 0)))
+            # Float rounding can land on an empty leaf (never written, or evicted): take the newest row there.
+            idx = np.where(self._tree.get(idx) > 0, idx, (self._next - 1) % self.capacity)
             prob = self._tree.get(idx) / total
             w = (self._size * prob) ** -self.beta(train_iter)
-            out = {k: v[idx] for k, v in self._data.items()}
+            out = self._rows(idx)
             out["weight"] = (w / w.max()).astype(np.float32)
             self.last_idx, self._last_gen = idx, self._generation[idx].copy()
             self.sampled += batch_size

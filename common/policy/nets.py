@@ -1,4 +1,11 @@
-"""Torch building blocks shared by the algorithms: observation encoding, MLPs, Adam, weight I/O."""
+"""Torch building blocks shared by the algorithms: observation encoding, MLPs, Adam, weight I/O.
+
+Encoders (:func:`encoder`): a flat observation goes straight into the algorithm's MLP; an image
+observation (``spec.obs_kind == "image"``, common/spaces.py) first goes through the conv torso
+of ``policy.model.conv`` (default: the Nature DQN torso of Mnih et al. 2015, 32x8/4, 64x4/2,
+64x3/1, ReLU) and is flattened. Images travel and are stored as uint8; :func:`obs_tensor`
+moves them to the device as uint8 and only there makes them float32 in [0, 1].
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common.spaces import SpaceSpec
+from common.spaces import SpaceSpec, conv_out_hw
 
 
 def mlp(sizes: list[int], activate_last: bool = True) -> nn.Sequential:
@@ -24,12 +31,52 @@ def mlp(sizes: list[int], activate_last: bool = True) -> nn.Sequential:
 
 
 def obs_tensor(spec: SpaceSpec, obs: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Stored observations -> MLP input float32 (B, obs_dim): one-hot for Discrete, flattened for Box."""
+    """Stored observations -> encoder input: one-hot float32 (B, n) for Discrete, flattened
+    float32 (B, obs_dim) for a Box, float32 (B, C, H, W) in [0, 1] for an image (uint8 (B, *O)
+    copied to ``device`` as uint8, then scaled there)."""
     if spec.obs_kind == "discrete":
         idx = torch.as_tensor(obs, dtype=torch.int64, device=device)
         return F.one_hot(idx, spec.obs_n).to(torch.float32)
+    if spec.obs_kind == "image":
+        x = torch.as_tensor(obs, device=device)  # stays uint8 through the copy: 4x fewer bytes than float32
+        if spec.obs_layout == "hw":
+            x = x.unsqueeze(1)
+        elif spec.obs_layout == "hwc":
+            x = x.permute(0, 3, 1, 2)
+        return x.to(torch.float32).mul_(1.0 / 255.0)
     x = torch.as_tensor(obs, dtype=torch.float32, device=device)
     return x.reshape(x.shape[0], -1)
+
+
+class ConvTorso(nn.Module):
+    """Convs ``[[channels, kernel, stride], ...]`` with ReLU, flattened: float32 (B, C, H, W) -> (B, out_dim)."""
+
+    def __init__(self, chw: tuple[int, int, int], conv: list[list[int]]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c = chw[0]
+        for out, k, st in conv:
+            layers += [nn.Conv2d(c, int(out), int(k), int(st)), nn.ReLU()]
+            c = int(out)
+        self.net = nn.Sequential(*layers, nn.Flatten())
+        h, w = conv_out_hw(chw[1:], conv)
+        self.out_dim = c * h * w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def encoder(spec: SpaceSpec, model_cfg: Any, hidden: list[int]) -> tuple[nn.Module, int]:
+    """The observation encoder of an algorithm: ``(module, output size)``.
+
+    Flat observations: ``mlp([obs_dim, *hidden])``. Images: :class:`ConvTorso` of
+    ``model_cfg.conv`` then ``mlp([torso_out, *hidden])`` (the Nature DQN's 512-unit layer is
+    ``hidden=[512]``). The module takes :func:`obs_tensor` output.
+    """
+    if spec.obs_kind != "image":
+        return mlp([spec.obs_dim, *hidden]), (hidden[-1] if hidden else spec.obs_dim)
+    torso = ConvTorso(spec.image_chw, [list(layer) for layer in model_cfg.conv])
+    return nn.Sequential(torso, mlp([torso.out_dim, *hidden])), (hidden[-1] if hidden else torso.out_dim)
 
 
 def frozen_copy(module: nn.Module) -> nn.Module:

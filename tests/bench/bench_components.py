@@ -102,7 +102,7 @@ class Bench:
         def bare() -> float:
             # The same vector env, policy net, batch and n-step packing, with no Redis at all.
             p = make_policy(cfg, ("collect",))
-            env = make_vector_env("CartPole-v1", cfg.env.collector_env_num)
+            env = make_vector_env(cfg.env, cfg.env.collector_env_num)
             rng = np.random.default_rng(0)
             adder = p.make_adder(cfg.env.collector_env_num, {"eps": 0.5})
             chunk = ChunkBuilder(cfg.policy.collect.n_sample)

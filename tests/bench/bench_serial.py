@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 def evaluate(policy, cfg, spec, seed: int, episodes: int | None = None) -> np.ndarray:
     """Returns of ``episodes`` (default ``env.n_evaluator_episode``) deterministic episodes, one env each."""
     n = int(episodes or cfg.env.n_evaluator_episode)
-    env = make_vector_env(cfg.env.env_id, n, "sync", dict(cfg.env.env_kwargs))
+    env = make_vector_env(cfg.env, n)
     obs, _ = env.reset(seed=seed)
     returns, ret, done_once = np.zeros(n), np.zeros(n), np.zeros(n, bool)
     while not done_once.all():
@@ -74,7 +74,7 @@ def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
     replay = algo.data_source == "replay"
     buf = ReplayBuffer(cfg.policy.other.replay_buffer.replay_buffer_size, policy.schema()) if replay else None
     n_env = int(cfg.env.collector_env_num)
-    env = make_vector_env(cfg.env.env_id, n_env, "sync", dict(cfg.env.env_kwargs))
+    env = make_vector_env(cfg.env, n_env)
     obs, _ = env.reset(seed=seed)
     obs = spec.obs_batch(obs)
     envstep = it = 0

@@ -81,6 +81,16 @@ GOALS: list[tuple[str, Callable[[dict], Optional[dict]], str, str]] = [
      lambda r: r["components"]["propagation"]["lag_ms_p95_per_repeat"], "ms", "<= 100"),
     ("learner share of time waiting for data (solve runs)",
      lambda r: spread([x["learner_wait_share"] for x in r["solve"]["runs"]], 4), "", "<= 0.05"),
+    ("Atari collector env steps/s vs bare loop (Pong, conv DQN)",
+     lambda r: r["images"]["collector"]["collector_vs_bare"], "×", ">= 0.8"),
+    ("Atari chunk transport vs raw redis-py, uncompressed",
+     lambda r: r["images"]["transport"]["none"]["transport_vs_raw"], "×", ">= 0.8"),
+    ("Atari chunk transport vs raw redis-py, zstd (the default for images), same bytes",
+     lambda r: r["images"]["transport"]["zstd"]["transport_vs_raw"], "×", ">= 0.8"),
+    ("Atari chunk transport, zstd, vs raw redis-py of the uncompressed bytes",
+     lambda r: r["images"]["transport"]["zstd"]["transport_vs_raw_uncompressed"], "×", ">= 0.8"),
+    ("replay memory per stored Atari transition vs one 84×84 frame",
+     lambda r: spread([r["images"]["memory"]["allocated_per_transition_vs_frame"]], 3), "×", "<= 1.2"),
     ("coordinator burst events/s (largest simulation)",
      lambda r: spread([x["burst_events_per_s"] for x in _largest(r)], 0), "", ">= 20000"),
     ("dispatch latency p99 (largest simulation)",
@@ -230,6 +240,34 @@ def detail_tables(raw: dict) -> str:
                 f"| {fmt(x['train_iter_per_s'])} | {fmt(x['ms_per_train_iter'])} | "
                 f"{fmt(x['train_iter_per_s_publishing_every_iter'])} | {fmt(x['train_iter_per_s_publishing_every_freq'])} | "
                 f"{fmt(x['publish_cost_share_at_freq'])} |", ""]
+    if "images" in r:
+        im = r["images"]
+        col, mem, lrn, tr = im["collector"], im["memory"], im["learner"], im["transport"]
+        out += ["### Images: Atari Pong (`deploy/configs/pong_dqn.py`, `tests/bench/bench_images.py`)", "",
+                f"Collector task of {col['env_steps_per_task']} env steps (8 ALE envs, the Nature conv DQN acting, "
+                "frames packed, zstd) against the bare loop (same env, net, adder and chunking; plain msgpack, no Redis).", "",
+                "| collector env steps/s | bare loop env steps/s | collector / bare |", "| --- | --- | --- |",
+                f"| {fmt(col['collector_env_steps_per_s'])} | {fmt(col['bare_loop_env_steps_per_s'])} | "
+                f"{fmt(col['collector_vs_bare'], '×')} |", "",
+                f"Transport of {tr['chunks']} chunks of {tr['rows_per_chunk']} real Pong rows (random play), packed "
+                f"({tr['pack_ms_per_chunk']} ms a chunk to pack; {tr['plain_bytes_per_frame']} bytes per env frame "
+                "unpacked), sent (msgpack, compression, the chunk script) and read back (XREADGROUP, MGET, ack) "
+                "against raw SET/MGET of the same bytes.", "",
+                "| codec | bytes per env frame | chunk bytes | rqrl chunks/s | raw redis-py chunks/s, same bytes | "
+                "rqrl / raw | rqrl / raw of the uncompressed bytes | learner decode ms a chunk |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {c} | {tr[c]['bytes_per_frame']} | {tr[c]['chunk_bytes_mean']} | {fmt(tr[c]['rqrl_chunks_per_s'])} | "
+                f"{fmt(tr[c]['raw_redis_chunks_per_s'])} | {fmt(tr[c]['transport_vs_raw'], '×')} | "
+                f"{fmt(tr[c].get('transport_vs_raw_uncompressed'), '×')} | {tr[c]['decode_ms_per_chunk']} |"
+                for c in ("none", "lz4", "zstd")]
+        out += ["", "| replay_buffer_size | allocated bytes per transition | / one 84×84 frame | frames kept per "
+                "transition (real chunks) | plain obs + next_obs per transition | / frame |", "| --- | --- | --- | --- | --- | --- |",
+                f"| {mem['replay_buffer_size']} | {mem['allocated_bytes_per_transition']} | "
+                f"{mem['allocated_per_transition_vs_frame']} | {mem['frames_kept_per_transition']} | "
+                f"{mem['plain_bytes_per_transition']} | {mem['plain_vs_frame']} |", "",
+                "| learner device | batch | train iter/s | samples/s | sampling ms per batch |", "| --- | --- | --- | --- | --- |",
+                f"| {lrn['device']} ({lrn['torch_threads']} torch thread) | {lrn['batch_size']} | "
+                f"{fmt(lrn['train_iter_per_s'])} | {fmt(lrn['samples_per_s'])} | {fmt(lrn['sample_ms_per_batch'], 'ms')} |", ""]
     if "coordinator" in r:
         out += ["### Coordinator scale", "",
                 "| simulated collectors | offered events/s | sent events/s | handled events/s | backlog start → end | "

@@ -9,7 +9,9 @@ seeds), the learner with and without prioritized replay, the data-parallel learn
 at ``learner_num`` 1 and 2, the re-evaluation of final.pt on 20
 fresh episodes for 20 seeds, SAC on HalfCheetah for a fixed budget, the component benchmarks
 (collector vs bare loop, transport vs raw redis-py, policy propagation, per-task overhead,
-learner) and the coordinator scale test (8 / 64 / 256 simulated collectors).
+learner), the coordinator scale test (8 / 64 / 256 simulated collectors) and the image
+benchmarks on Atari Pong (collector, transport with and without compression, replay memory per
+transition, learner; tests/bench/bench_images.py).
 
 Writes ``docs/bench/<UTC date>T<time>-<host>.json``: date, machine, command, git commit and
 every repeat of every figure. Unless ``--no-docs``, it then rewrites the generated block of
@@ -32,7 +34,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.bench import (bench_algorithms, bench_components, bench_coordinator, bench_ddp, bench_learner,
+from tests.bench import (bench_algorithms, bench_components, bench_coordinator, bench_ddp, bench_images,
+                         bench_learner,
                          bench_reeval, bench_serial, bench_solve, report)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="component repeats (default 3; 2 with --quick)")
     ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--parts", nargs="+", default=["solve", "serial", "algorithms", "priorities", "ddp", "reeval",
-                                                   "halfcheetah", "components", "coordinator"])
+                                                   "halfcheetah", "components", "coordinator", "images"])
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
     ap.add_argument("--reuse", default=None, metavar="RAW.json",
@@ -132,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         _part(r, errors, "coordinator", lambda: bench_coordinator.main(
             ["--sims", *map(str, args.sims), "--seconds", "5" if args.quick else "10",
              "--burst", "20000" if args.quick else "50000", "--repeats", "1" if args.quick else "3"]))
+    if "images" in args.parts:  # Atari Pong: collector, transport, replay memory, learner (needs the atari extra)
+        _part(r, errors, "images", lambda: bench_images.main((["--quick"] if args.quick else []) + ["--repeats", str(repeats)]))
     raw["machine"]["loadavg_at_end"] = list(os.getloadavg())
     if args.reuse:  # figures of an earlier run, kept with where they came from
         earlier = json.loads(Path(args.reuse).read_text())

@@ -42,7 +42,7 @@ class ShiftedActionEnv(gym.Env):
 
 
 class ImageEnv(gym.Env):
-    """uint8 H x W x C observations (issue "image observations": refused here)."""
+    """uint8 H x W x C observations, too small for the default conv torso."""
 
     observation_space = gs.Box(0, 255, (8, 8, 3), np.uint8)
     action_space = gs.Discrete(2)
@@ -222,12 +222,17 @@ def test_ppo_actions_of_discrete_with_negative_start():
 
 # ---------------------------------------------------------------- refused spaces
 
-def test_uint8_image_observation_refused_clearly():
+def test_a_small_uint8_image_is_read_as_an_image_and_the_default_torso_refused_in_one_line():
+    cfg = cfg_for(IMAGE_ID)
+    spec = spaces.probe(cfg)
+    assert (spec.obs_kind, spec.obs_layout, spec.obs_shape) == ("image", "hwc", (8, 8, 3))
     with pytest.raises(SpaceError) as e:
-        spaces.probe(cfg_for(IMAGE_ID))
+        spaces.check_model(cfg, spec)
     msg = str(e.value)
     assert "\n" not in msg
-    assert IMAGE_ID in msg and "image" in msg and "uint8" in msg
+    assert IMAGE_ID in msg and "policy.model.conv" in msg and "(8, 8, 3)" in msg
+    cfg.policy.model.conv = [[8, 3, 1]]
+    spaces.check_model(cfg, spec)  # a torso that fits is accepted
 
 
 @pytest.mark.parametrize("obs,act,words", [
@@ -335,7 +340,8 @@ class FakeComm:
     def poll_stop(self):
         return False
 
-    def send_stepdata(self, data_id, arrays):
+    def send_stepdata(self, data_id, arrays, codec="none"):
+        assert codec == "none"  # flat observations are not compressed by default
         self.sent.append(arrays)
         return 1
 

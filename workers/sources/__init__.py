@@ -19,6 +19,7 @@ import numpy as np
 import redis
 from easydict import EasyDict
 
+from common.spaces import SpaceSpec
 from workers.task import stop_requested
 
 if TYPE_CHECKING:
@@ -116,18 +117,22 @@ class DataSource:
 
 
 def create_source(kind: str, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
-                  schema: dict[str, Any], seed: int, group_size: int = 1) -> DataSource:
+                  schema: dict[str, Any], seed: int, spec: Optional[SpaceSpec] = None,
+                  group_size: int = 1) -> DataSource:
     """The source for ``kind`` (``replay`` or ``on_policy``) with its store (``source.store``).
+    With the env's ``spec``, a replay buffer keeps image frames once and checks its memory budget
+    first (common/memory_budget.py).
 
     ``group_size`` > 1: one rank of a data-parallel learner group (workers/ddp.py; replay only).
 
     Raises:
         ValueError: an unknown kind, or a learner group on on-policy data.
+        common.memory_budget.MemoryBudgetError: the replay buffer would not fit in memory.
     """
     if kind == "replay":
         from workers.sources.replay import ReplayFeeder
 
-        return ReplayFeeder(conn, exp, learner, cfg, schema, seed, group_size)
+        return ReplayFeeder(conn, exp, learner, cfg, schema, seed, spec, group_size)
     if group_size > 1:
         raise ValueError(f"a learner group ({group_size} ranks) needs replay data, not {kind!r}")
     if kind == "on_policy":

@@ -16,6 +16,7 @@ import numpy as np
 import redis
 from easydict import EasyDict
 
+from common import frames
 from workers.replay_buffer import check_chunk
 from workers.sources import DataSource
 
@@ -45,8 +46,10 @@ class RolloutQueue:
         return check_chunk(self._schema, chunk, what)
 
     def extend(self, chunk: dict[str, np.ndarray], version: int) -> None:
-        """Keep the rows of a validated chunk if ``version`` is the current one; else drop and count them."""
-        n = len(next(iter(chunk.values())))
+        """Keep the rows of a validated chunk if ``version`` is the current one; else drop and count them.
+        Image fields packed as frames (common/frames.py) are unpacked here."""
+        chunk = frames.unpack(chunk, self._schema)
+        n = len(chunk[next(iter(self._schema))])
         with self._lock:
             if version != self._current():
                 self.stale_chunks += 1

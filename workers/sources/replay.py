@@ -9,12 +9,14 @@ ratio justifies plus ``max_env_step_lead``) past which collectors wait (workers/
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import redis
 from easydict import EasyDict
 
+from common import frames, memory_budget
+from common.spaces import SpaceSpec
 from workers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from workers.sources import DataSource
 
@@ -33,16 +35,21 @@ class ReplayFeeder(DataSource):
     """
 
     def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
-                 schema: dict[str, Any], seed: int, group_size: int = 1) -> None:
+                 schema: dict[str, Any], seed: int, spec: Optional[SpaceSpec] = None, group_size: int = 1) -> None:
         super().__init__(conn, exp, learner, group_size)
         rb = cfg.policy.other.replay_buffer
         size = max(1, int(rb.replay_buffer_size) // group_size)
+        framed: list[str] = []
+        if spec is not None:  # a learner task: image frames once, and the memory budget before allocating
+            framed = frames.framed_fields(spec, schema)
+            _, msg = memory_budget.check(cfg, spec, schema)
+            learner.logger.info(msg)
         if rb.priority:
             self.store: ReplayBuffer = PrioritizedReplayBuffer(
                 size, schema, alpha=float(rb.priority_alpha), beta=float(rb.priority_beta),
-                beta_anneal_iters=int(rb.priority_beta_anneal_iters), eps=float(rb.priority_eps))
+                beta_anneal_iters=int(rb.priority_beta_anneal_iters), eps=float(rb.priority_eps), framed=framed)
         else:
-            self.store = ReplayBuffer(size, schema)
+            self.store = ReplayBuffer(size, schema, framed=framed)
         self._batch = int(cfg.policy.learn.batch_size)
         self._start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)
         self._ratio = float(cfg.policy.learn.train_iter_per_env_step)

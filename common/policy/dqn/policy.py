@@ -2,7 +2,7 @@
 
 Chunk rows (``B`` rows, ``*O`` the stored observation shape, see common/spaces.py)::
 
-    obs       float32 (B, *O) | int64 (B,)   observation at t
+    obs       float32 (B, *O) | uint8 (B, *O) image | int64 (B,)   observation at t
     action    int64   (B,)     action index at t (the env got index + the space's start)
     reward    float32 (B,)     n-step discounted return  r_t + g r_{t+1} + ... + g^{k-1} r_{t+k-1}
     next_obs  like obs         observation at t+k (the bootstrap state)
@@ -38,13 +38,14 @@ from common.spaces import SpaceError, SpaceSpec
 
 
 class QNetwork(nn.Module):
-    """MLP Q-network: observations -> Q values float32 (B, n_actions); optional dueling head."""
+    """Q-network: observations -> Q values float32 (B, n_actions); an MLP (after the conv torso for
+    images, see ``nets.encoder``), optional dueling head."""
 
-    def __init__(self, spec: SpaceSpec, hidden_size_list: list[int], dueling: bool = True) -> None:
+    def __init__(self, spec: SpaceSpec, hidden_size_list: list[int], dueling: bool = True,
+                 model_cfg: Any = None) -> None:
         super().__init__()
         self.spec = spec
-        self.encoder = nets.mlp([spec.obs_dim, *hidden_size_list])
-        last = hidden_size_list[-1] if hidden_size_list else spec.obs_dim
+        self.encoder, last = nets.encoder(spec, model_cfg, list(hidden_size_list))
         self.dueling = dueling
         if dueling:
             self.advantage = nn.Linear(last, spec.action_n)
@@ -53,7 +54,7 @@ class QNetwork(nn.Module):
             self.head = nn.Linear(last, spec.action_n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: encoded observations float32 (B, obs_dim) (see ``nets.obs_tensor``)."""
+        """``x``: observations as ``nets.obs_tensor`` makes them."""
         h = self.encoder(x)
         if self.dueling:
             adv = self.advantage(h)
@@ -76,7 +77,7 @@ class DQNPolicy(Policy):
         if self._nstep < 1:
             raise ValueError(f"config key 'policy.nstep' must be >= 1, got {self._nstep}")
         self.device = nets.pick_device(cfg, device)
-        self.model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling).to(self.device)
+        self.model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling, p.model).to(self.device)
         if "learn" in self.modes:
             self.target_model = nets.frozen_copy(self.model)
             self.optimizer = nets.adam(self.model.parameters(), p.learn.learning_rate)

@@ -2,7 +2,7 @@
 
 Chunk rows (``B`` rows, all produced by one policy version; ``*O`` the stored observation shape)::
 
-    obs     float32 (B, *O) | int64 (B,)   observation at t
+    obs     float32 (B, *O) | uint8 (B, *O) image | int64 (B,)   observation at t
     action  int64 (B,) | float32 (B, A)    action index (Discrete) or the unclipped Gaussian sample (Box)
     logp    float32 (B,)     log pi_old(action | obs)
     value   float32 (B,)     V_old(obs)
@@ -47,19 +47,18 @@ from common.spaces import SpaceSpec
 
 
 def _init(layer: nn.Module, gain: float) -> None:
-    if isinstance(layer, nn.Linear):
+    if isinstance(layer, (nn.Linear, nn.Conv2d)):
         nn.init.orthogonal_(layer.weight, gain)
         nn.init.zeros_(layer.bias)
 
 
 class ActorCritic(nn.Module):
-    """Shared MLP encoder, an actor head (logits or Gaussian mean) and a critic head."""
+    """Shared encoder (an MLP; conv torso + MLP for images), an actor head (logits or Gaussian mean)
+    and a critic head."""
 
     def __init__(self, spec: SpaceSpec, m: EasyDict) -> None:
         super().__init__()
-        hidden = list(m.encoder_hidden_size_list)
-        self.encoder = nets.mlp([spec.obs_dim, *hidden])
-        last = hidden[-1] if hidden else spec.obs_dim
+        self.encoder, last = nets.encoder(spec, m, list(m.encoder_hidden_size_list))
         self.continuous = spec.action_kind == "box"
         out = spec.action_dim if self.continuous else spec.action_n
         self.actor = nn.Sequential(nets.mlp([last, m.actor_head_hidden_size]), nn.Linear(m.actor_head_hidden_size, out))
@@ -73,7 +72,7 @@ class ActorCritic(nn.Module):
         _init(self.critic[-1], 1.0)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
-        """``x`` float32 (B, obs_dim) -> (action distribution, value float32 (B,))."""
+        """``x`` (``nets.obs_tensor`` output) -> (action distribution, value float32 (B,))."""
         h = self.encoder(x)
         head = self.actor(h)
         if self.continuous:
@@ -152,7 +151,9 @@ class PPOPolicy(Policy):
     # ------------------------------------------------------------------ learn
     def learn(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         lc, dev = self.cfg.policy.learn, self.device
-        x = self._x(batch["obs"])
+        image = self.spec.obs_kind == "image"
+        # Images stay uint8 on the device (a quarter of float32) and are scaled per minibatch.
+        x = torch.as_tensor(batch["obs"], device=dev) if image else self._x(batch["obs"])
         action = torch.as_tensor(batch["action"], device=dev)
         old_logp = torch.as_tensor(batch["logp"], dtype=torch.float32, device=dev)
         old_v = torch.as_tensor(batch["value"], dtype=torch.float32, device=dev)
@@ -164,7 +165,7 @@ class PPOPolicy(Policy):
             perm = torch.randperm(n, generator=self._rng).to(dev)
             for start in range(0, n, int(lc.batch_size)):
                 mb = perm[start:start + int(lc.batch_size)]
-                dist, v = self.model(x[mb])
+                dist, v = self.model(nets.obs_tensor(self.spec, x[mb], dev) if image else x[mb])
                 logp = _logp(dist, action[mb], self.continuous)
                 entropy = dist.entropy()
                 entropy = (entropy.sum(-1) if self.continuous else entropy).mean()

@@ -93,6 +93,9 @@ class SACPolicy(Policy):
         if spec.action_kind != "box":
             raise SpaceError(f"env {spec.env_id!r} has a Discrete action space; SAC needs Box actions "
                              "(use create_config.policy.type='dqn' or 'ppo')")
+        if spec.obs_kind == "image":
+            raise SpaceError(f"env {spec.env_id!r} has image observations {spec.obs_shape}; rqrl's SAC takes flat "
+                             "observations only (use create_config.policy.type='ppo' for images with Box actions)")
         p = cfg.policy
         self.device = nets.pick_device(cfg, device)
         self._low = np.asarray(spec.action_low, np.float32)

@@ -1,0 +1,121 @@
+"""How the config's ``env`` section becomes a gymnasium env: the base env plus wrappers.
+
+Every process that builds an env (the collector's vector env, the learner's and the CLI's probe
+of the spaces, ``rqrl eval``) goes through here, so they all see the same spaces.
+
+    base env   gym.make(env.env_id, **kwargs)       kwargs = env.env_kwargs (+ the preset's)
+    preset     env.preset = "atari": gymnasium's AtariPreprocessing (noop starts, frame skip,
+               max-pool, resize, grey) -> ClipReward(-1, 1) [training only] ->
+               FrameStackObservation; life loss is terminal for training only; the base env is
+               built with frameskip=1 (the wrapper skips) and sticky actions
+               (repeat_action_probability, 0.25 as ALE v5). Settings: ``env.atari``.
+    wrappers   env.wrappers = [dict(type="module:Class", kwargs={...}, train_only=False), ...],
+               applied in order after the preset (any gymnasium wrapper, or your own).
+
+``train`` is True for collector tasks that send training data, False for eval tasks and
+``rqrl eval``: training-only wrappers are skipped there, so eval returns are true game scores.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+PRESETS = ("", "atari")
+
+
+class EnvConfigError(ValueError):
+    """A bad ``env`` section (preset, wrapper, kwargs) or a missing optional dependency (one line)."""
+
+
+def check(env_cfg: Any) -> None:
+    """Validate ``env.preset`` and ``env.wrappers`` without importing anything.
+
+    Raises:
+        EnvConfigError: naming the key at fault.
+    """
+    if env_cfg.get("preset", "") not in PRESETS:
+        raise EnvConfigError(f"config key 'env.preset' must be one of {PRESETS}, got {env_cfg.get('preset')!r}")
+    if env_cfg.get("preset") == "atari" and "frameskip" in dict(env_cfg.get("env_kwargs") or {}):
+        raise EnvConfigError("config key 'env.env_kwargs.frameskip' cannot be set with env.preset='atari': the preset "
+                             "builds the base env with frameskip=1 and skips frames itself (env.atari.frame_skip)")
+    for i, w in enumerate(env_cfg.get("wrappers") or []):
+        ok = (isinstance(w, dict) and isinstance(w.get("type"), str) and ":" in w["type"]
+              and set(w) <= {"type", "kwargs", "train_only"} and isinstance(w.get("kwargs", {}), dict)
+              and isinstance(w.get("train_only", False), bool))
+        if not ok:
+            raise EnvConfigError(f"config key 'env.wrappers[{i}]' must be dict(type='module:Class', kwargs={{...}}, "
+                                 f"train_only=False), got {w!r}")
+
+
+def base_kwargs(env_cfg: Any) -> dict[str, Any]:
+    """Keyword arguments of ``gym.make`` for the base env (``env.env_kwargs`` plus the preset's)."""
+    kwargs = dict(env_cfg.get("env_kwargs") or {})
+    if env_cfg.get("preset") == "atari":
+        kwargs["frameskip"] = 1
+        kwargs.setdefault("repeat_action_probability", float(env_cfg.atari.repeat_action_probability))
+    return kwargs
+
+
+def import_preset(env_cfg: Any) -> None:
+    """Import what the preset's env ids need (``ale_py`` registers ``ALE/...`` ids).
+
+    Raises:
+        EnvConfigError: the optional dependency is not installed (names the extra to install).
+    """
+    if env_cfg.get("preset") == "atari":
+        try:
+            import ale_py
+            import gymnasium as gym
+        except ImportError as e:
+            raise EnvConfigError(f"config key 'env.preset' is 'atari' but ale-py is not installed ({e}); "
+                                 "pip install 'rqrl[atari]'") from None
+        gym.register_envs(ale_py)
+
+
+def wrappers(env_cfg: Any, train: bool) -> list[Callable[[Any], Any]]:
+    """The wrapper functions for the base env, outermost last (module docstring).
+
+    Raises:
+        EnvConfigError: a wrapper type that cannot be imported (names ``env.wrappers[i]``).
+    """
+    from gymnasium import wrappers as gw
+
+    out: list[Callable[[Any], Any]] = []
+    if env_cfg.get("preset") == "atari":
+        a = env_cfg.atari
+        out.append(lambda e: gw.AtariPreprocessing(
+            e, noop_max=int(a.noop_max), frame_skip=int(a.frame_skip), screen_size=int(a.screen_size),
+            terminal_on_life_loss=bool(a.terminal_on_life_loss) and train, grayscale_obs=bool(a.grayscale)))
+        if a.clip_rewards and train:
+            out.append(lambda e: gw.ClipReward(e, -1.0, 1.0))
+        if int(a.frame_stack) > 1:
+            out.append(lambda e: gw.FrameStackObservation(e, int(a.frame_stack)))
+    for i, w in enumerate(env_cfg.get("wrappers") or []):
+        if w.get("train_only", False) and not train:
+            continue
+        module, _, name = w["type"].partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise EnvConfigError(f"config key 'env.wrappers[{i}].type': cannot import {w['type']!r} "
+                                 f"({type(e).__name__}: {e})") from None
+        kw = dict(w.get("kwargs") or {})
+        out.append(lambda e, cls=cls, kw=kw: cls(e, **kw))
+    return out
+
+
+def make(env_cfg: Any, train: bool, **extra: Any) -> Any:
+    """One env: ``gym.make(env_id, **base_kwargs, **extra)`` wrapped for ``train`` or eval.
+
+    Raises:
+        EnvConfigError: see :func:`import_preset` / :func:`wrappers`.
+        Exception: whatever gymnasium raises for an unknown id or bad kwargs (callers name the keys).
+    """
+    import gymnasium as gym
+
+    import_preset(env_cfg)
+    env = gym.make(env_cfg.env_id, **base_kwargs(env_cfg), **extra)
+    for wrap in wrappers(env_cfg, train):
+        env = wrap(env)
+    return env

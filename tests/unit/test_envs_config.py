@@ -1,0 +1,79 @@
+"""The env section's preset and wrappers (common/envs.py): what training and eval envs get, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common import envs, spaces
+from common.config import ConfigError, compile_config
+
+
+def _cfg(**env):
+    return compile_config({"env": env})
+
+
+def test_the_atari_preset_builds_training_and_eval_envs_from_one_base():
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    cfg = _cfg(env_id="ALE/Pong-v5", preset="atari")
+    train, evaluate = envs.make(cfg.env, train=True), envs.make(cfg.env, train=False)
+    try:
+        for env in (train, evaluate):
+            assert env.observation_space.shape == (4, 84, 84) and env.observation_space.dtype == np.uint8
+            base = env.unwrapped
+            assert base._frameskip == 1 and base.ale.getFloat("repeat_action_probability") == 0.25  # the wrapper skips
+        chain = lambda e: [type(w).__name__ for w in _chain(e)]  # noqa: E731
+        assert chain(train) == ["FrameStackObservation", "ClipReward", "AtariPreprocessing"]
+        assert chain(evaluate) == ["FrameStackObservation", "AtariPreprocessing"]
+        assert _find(train, "AtariPreprocessing").terminal_on_life_loss is True
+        assert _find(evaluate, "AtariPreprocessing").terminal_on_life_loss is False
+        spec = spaces.probe(cfg)
+        assert (spec.obs_kind, spec.obs_layout, spec.action_n) == ("image", "chw", 6)
+    finally:
+        train.close()
+        evaluate.close()
+
+
+def _chain(env):
+    out = []
+    while hasattr(env, "env"):
+        if type(env).__name__ in ("FrameStackObservation", "ClipReward", "AtariPreprocessing"):
+            out.append(env)
+        env = env.env
+    return out
+
+
+def _find(env, name):
+    return next(w for w in _chain(env) if type(w).__name__ == name)
+
+
+def test_config_wrappers_apply_in_order_and_train_only_ones_skip_eval():
+    cfg = _cfg(env_id="CartPole-v1", wrappers=[
+        dict(type="gymnasium.wrappers:ClipReward", kwargs=dict(min_reward=0.0, max_reward=0.5), train_only=True),
+        dict(type="gymnasium.wrappers:TimeAwareObservation")])
+    train, evaluate = envs.make(cfg.env, train=True), envs.make(cfg.env, train=False)
+    assert type(train).__name__ == "TimeAwareObservation" and type(train.env).__name__ == "ClipReward"
+    assert type(evaluate.env).__name__ != "ClipReward"
+    train.reset(seed=0)
+    assert train.step(0)[1] == 0.5
+    assert spaces.probe(cfg).obs_shape == (5,)  # the wrapper's space is what the policy sees
+
+
+@pytest.mark.parametrize("env,words", [
+    (dict(preset="doom"), "env.preset"),
+    (dict(preset="atari", env_kwargs=dict(frameskip=4)), "env.env_kwargs.frameskip"),
+    (dict(wrappers=["gymnasium.wrappers:ClipReward"]), r"env.wrappers\[0\]"),
+    (dict(wrappers=[dict(type="ClipReward")]), r"env.wrappers\[0\]"),
+    (dict(wrappers=[dict(type="a:B", kwarg={})]), r"env.wrappers\[0\]"),
+])
+def test_bad_env_sections_are_refused_in_one_line(env, words):
+    with pytest.raises(ConfigError, match=words) as e:
+        _cfg(**env)
+    assert "\n" not in str(e.value)
+
+
+def test_a_wrapper_that_cannot_be_imported_is_named_by_its_key():
+    cfg = _cfg(wrappers=[dict(type="gymnasium.wrappers:NoSuchWrapper")])
+    with pytest.raises(spaces.SpaceError, match=r"env.wrappers\[0\].type.*NoSuchWrapper"):
+        spaces.probe(cfg)
