@@ -91,6 +91,10 @@ class BaseCommander(ABC):
     def update_learner_info(self, task_id: str, info: dict) -> None:
         """Record a learner progress report."""
 
+    def follow_collector_workers(self, workers: int) -> None:
+        """``workers`` collector workers are live (the coordinator calls this whenever the count
+        changes). A commander with a fixed collector task space does not override it."""
+
 
 @COMMANDER_REGISTRY.register("solo")
 class SoloCommander(BaseCommander):
@@ -112,7 +116,9 @@ class SoloCommander(BaseCommander):
         self._commander_cfg = cfg.commander
         self._run_id = run_id
         self._clock = clock
-        self._collector_task_space = TaskSpace(0, self._commander_cfg.collector_task_space)
+        # Until the coordinator reports the live collector workers (follow_collector_workers):
+        # the cap when one is set, else one task.
+        self._collector_task_space = TaskSpace(0, self._commander_cfg.collector_task_space or 1)
         self._learner_task_space = TaskSpace(0, self._commander_cfg.learner_task_space)
         self._learner_info: deque[dict] = deque([{"train_iter": 0}], maxlen=_LEARNER_INFO_HISTORY)
         self._evaluator_info: list[dict] = []
@@ -330,6 +336,21 @@ class SoloCommander(BaseCommander):
     def update_learner_info(self, task_id: str, info: dict) -> None:
         """Append a learner report (``train_iter``, ``collector_envstep``, ...) to the bounded history."""
         self._learner_info.append(dict(info))
+
+    def follow_collector_workers(self, workers: int) -> None:
+        """Size the collector task space to ``workers`` live ``rq worker collector`` processes.
+
+        The rule: one worker is kept free for evaluation when evals have their own slot
+        (``commander.eval_task_space`` > 0), at least one collector task may run (it waits in the
+        queue while no worker is up, and an eval waits at the queue's front behind at most the
+        running tasks), and ``commander.collector_task_space``, when set, caps the result.
+        Running tasks keep their slots when the space shrinks.
+        """
+        c = self._commander_cfg
+        space = max(1, int(workers) - (1 if c.eval_task_space > 0 else 0))
+        if c.collector_task_space:
+            space = min(space, int(c.collector_task_space))
+        self._collector_task_space.resize(space)
 
     def increase_collector_task_space(self) -> None:
         """One more collector may run (a collector joined)."""

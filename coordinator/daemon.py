@@ -8,10 +8,11 @@
    it resumes it: commander state and running tasks from Redis, un-acked events reclaimed
    with XAUTOCLAIM, running tasks adopted rather than duplicated. Otherwise (or with
    ``fresh=True``) it clears what an earlier run left and stamps a new run id;
-2. loops: enqueue every task the commander hands out (job id = task id, explicit
-   ``job_timeout``), read worker events from ``rqrl:{exp}:events`` through consumer group
-   ``coordinator`` (XREADGROUP BLOCK, at most 0.5 s), route them to the commander, and declare a
-   task dead when its heartbeat key expires or RQ marks its job failed before it started
+2. loops: size the collector task space from the live collector workers (RQ's worker
+   registry, counted twice a second: :func:`live_workers`), enqueue every task the commander
+   hands out (job id = task id, explicit ``job_timeout``), read worker events from
+   ``rqrl:{exp}:events`` through consumer group ``coordinator`` (XREADGROUP BLOCK, at most
+   0.5 s), route them to the commander, and declare a task dead when its heartbeat key expires or RQ marks its job failed before it started
    (revoking its write lease, so a zombie cannot publish). Commander state, running tasks and
    the events' acks are written in one MULTI/EXEC, so a crash at any point neither loses nor
    double-counts an event;
@@ -37,7 +38,7 @@ import redis
 from easydict import EasyDict
 from redis.exceptions import LockError
 from redis.lock import Lock
-from rq import Queue
+from rq import Queue, worker_registration
 from rq.job import Callback, Job, JobStatus
 
 from common import blobstore, events, keys, lease, serialization, streams
@@ -55,6 +56,9 @@ _ALIVE_TTL_S = 6.0
 # progress line); unread ones are never trimmed. Eval results are kept whole in rqrl:{exp}:evals.
 _EVENTS_RETENTION_S = 600.0
 _TRIM_EVERY_S = 5.0
+# How often the collector workers are counted (two round trips), so a worker that joins gets a
+# task within about a second without the registry being read on every pass of the loop.
+_WORKERS_EVERY_S = 0.5
 
 
 def _fmt(value: Any) -> str:
@@ -65,6 +69,20 @@ def _fmt(value: Any) -> str:
 def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
     ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
     return int(ms), int(seq or 0)
+
+
+def live_workers(conn: redis.Redis, queue: Queue) -> int:
+    """The ``rq worker`` processes listening on ``queue`` that are alive, per RQ's worker registry.
+
+    A worker joins the registry's set (``rq:workers:{queue}``) at its start and leaves it on a
+    warm or cold shutdown; one killed outright stays in the set until RQ's own key for it
+    expires (at most ``job_monitoring_interval`` + 60 s after its last heartbeat while it runs a
+    job, ``worker_ttl`` + 60 s while idle: 90 s and 480 s with RQ's defaults), so only members
+    whose key still exists count. Two round trips, whatever the number of workers (RQ's
+    ``Worker.all`` reads each worker's hash).
+    """
+    members = worker_registration.get_keys(queue=queue)
+    return int(conn.exists(*members)) if members else 0
 
 
 class CoordinatorError(RuntimeError):
@@ -115,6 +133,8 @@ class Coordinator:
         self._last_event_id = ""  # the newest event read and acked: trimming never passes it
         self._next_trim = 0.0
         self._new_evals: list[dict[str, Any]] = []  # eval results to store with the next _persist
+        self.collector_workers: Optional[int] = None  # live collector workers at the last count
+        self._next_workers = 0.0
         self.events_lost = ""  # how unread events were found trimmed, if they were
 
     # ------------------------------------------------------------------ lifecycle
@@ -234,6 +254,7 @@ class Coordinator:
         while True:
             if self._signal is not None:
                 return EXIT_INTERRUPTED, f"interrupted by {signal.Signals(self._signal).name}"
+            self._follow_workers()
             self._dispatch()
             converged = self._process_events(block_ms=500)
             if self._fatal:
@@ -267,6 +288,20 @@ class Coordinator:
                 return EXIT_LIMIT, f"max_wall_seconds {c.max_wall_seconds} passed without convergence"
 
     # ------------------------------------------------------------------ dispatch
+    def _follow_workers(self) -> None:
+        """Count the live collector workers (at most every ``_WORKERS_EVERY_S``) and hand a
+        changed count to the commander, which sizes the collector task space from it."""
+        now = time.monotonic()
+        if now < self._next_workers:
+            return
+        self._next_workers = now + _WORKERS_EVERY_S
+        n = live_workers(self.conn, self.queues["collector"])
+        if n != self.collector_workers:
+            self.commander.follow_collector_workers(n)
+            self.log.info("collector workers: %s -> %d; collector task space %s", self.collector_workers, n,
+                          self.commander.summary()["collector_task_space"])
+            self.collector_workers = n
+
     def _dispatch(self) -> None:
         """Enqueue every task the commander hands out, all in one MULTI/EXEC with their leases and
         the coordinator's state (so a burst of freed slots costs one round trip)."""
@@ -484,6 +519,7 @@ class Coordinator:
 
     def _write_summary(self, **extra: Any) -> dict[str, Any]:
         summary = dict(self.commander.summary(), run_id=self.run_id, coordinator=self.name,
+                       collector_workers=self.collector_workers,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
         self._best_effort("write the summary to Redis", self.conn.hset, keys.commander(self.exp),
                           mapping=streams.encode_fields(summary))
