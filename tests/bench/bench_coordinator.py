@@ -2,7 +2,9 @@
 
     python -m tests.bench.bench_coordinator [--sims 8 64 256] [--seconds 10] [--burst 50000]
 
-Each simulated collector is a thread with its own connection: it pops a task from
+Each simulated collector is a thread with its own connection, registered in RQ's worker
+registry like an ``rq worker collector`` (the coordinator sizes its collector task space from
+the live workers, with no cap and no eval slot here): it pops a task from
 ``rq:queue:collector`` (BLPOP), sets the task's heartbeat, reports ``started``, "works" for
 ``--task-seconds``, reports ``finished`` with a full finish info, and pops again. A simulated
 learner reports ``learner_info`` 20 times a second. Figures:
@@ -38,6 +40,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from rq import Worker
 
 from common import events, keys
 from common.connection import connect
@@ -97,15 +101,20 @@ def _cpu(conn) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, timeout: float = 120.0) -> dict:
+def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, timeout: float = 120.0,
+              profile: str | None = None) -> dict:
+    """One simulation of ``n_sims`` collectors (see module docstring); ``profile``: write the
+    coordinator's cProfile statistics to this file (it slows the coordinator: figures of a
+    profiled run are not comparable)."""
     os.environ["RQRL_REDIS_SERVER"] = redis7_server()  # read by EmbeddedRedis
     server = EmbeddedRedis().start()
     url = server.url
     conn = connect(url)
     workdir = tempfile.mkdtemp(prefix="rqrl-bench-coord-")
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    coord = subprocess.Popen([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url,
-                              "--set", f"exp_name={EXP}", "--set", f"commander.collector_task_space={n_sims}",
+    profiler = ["-m", "cProfile", "-o", str(Path(profile).resolve())] if profile else []
+    coord = subprocess.Popen([sys.executable, *profiler, "-m", "coordinator", CONFIG, "--redis-url", url,
+                              "--set", f"exp_name={EXP}", "--set", "commander.eval_task_space=0",
                               "--set", "commander.eval_interval=0.0", "--set", "commander.eval_every_train_iter=0",
                               "--set", "commander.heartbeat_timeout=60.0", "--set", "env.stop_value=1e9",
                               "--set", f"commander.max_wall_seconds={seconds + 120}"],
@@ -128,8 +137,10 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
             with lock:
                 counts["events"] += 1
 
-    def collector() -> None:
+    def collector(i: int) -> None:
         c = connect(url)
+        # In RQ's worker registry, as an `rq worker collector` (its key lives while the bench runs).
+        Worker([keys.COLLECTOR_QUEUE], name=f"bench-sim-{i}", connection=c).register_birth()
         finished_at = None
         while not stop.is_set():
             got = c.blpop([f"rq:queue:{keys.COLLECTOR_QUEUE}"], timeout=1)
@@ -151,7 +162,7 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
                 counts["events"] += 2
 
     threads = [threading.Thread(target=learner, daemon=True)] + \
-              [threading.Thread(target=collector, daemon=True) for _ in range(n_sims)]
+              [threading.Thread(target=collector, args=(i,), daemon=True) for i in range(n_sims)]
     for t in threads:
         t.start()
     stream = keys.events(EXP)
@@ -230,11 +241,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to drain or ack a burst before failing")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="run the coordinator under cProfile, statistics in DIR/coordinator-{sims}.prof")
     args = ap.parse_args(argv)
     rows = []
     for n in args.sims:
         for _ in range(args.repeats):
-            r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout)
+            prof = str(Path(args.profile) / f"coordinator-{n}.prof") if args.profile else None
+            r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout, prof)
             rows.append(r)
             print(json.dumps(r), flush=True)
     if args.json:
