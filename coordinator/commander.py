@@ -138,6 +138,7 @@ class SoloCommander(BaseCommander):
         self._logger = logger
         self._end_flag = False
         self._seed_counter = 0
+        self._task_config = _plain(cfg)  # every task carries it; built once, never mutated
 
     # ------------------------------------------------------------------ task creation
     @property
@@ -200,7 +201,7 @@ class SoloCommander(BaseCommander):
             "collect_setting": self._algorithm.collect_setting(self._cfg.policy, info),
             "envstep": self.total_envstep,
             "seed": self._next_seed(),
-            "config": _plain(self._cfg),
+            "config": self._task_config,
         }
 
     def get_learner_task(self) -> Optional[dict]:
@@ -225,7 +226,7 @@ class SoloCommander(BaseCommander):
             "buffer_id": self._current_buffer_id,
             "resume": resume,
             "seed": self._next_seed(),
-            "config": _plain(self._cfg),
+            "config": self._task_config,
         }
 
     # ------------------------------------------------------------------ results

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import threading
@@ -46,6 +47,7 @@ from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
+from coordinator.offload import DeferredScalars, offload_logging
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -108,7 +110,8 @@ class Coordinator:
         self.lock = Lock(conn, keys.coordinator_alive(self.exp), timeout=_ALIVE_TTL_S, thread_local=False)
         self.run_id = uuid.uuid4().hex[:12]
         self.log = build_logger(self.out / "log" / "commander", "coordinator", console=True)
-        self.tb = build_tb_writer(self.out / "log" / "commander")
+        # Scalars are queued by the loop and written by a thread (coordinator/offload.py).
+        self.tb = DeferredScalars(build_tb_writer(self.out / "log" / "commander"))
         self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id)
         self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
@@ -126,6 +129,12 @@ class Coordinator:
         self._drop_leases: list[str] = []  # task ids whose leases the next _persist revokes
         self._last_liveness = time.monotonic()
         self._grace_until = 0.0
+        # The liveness pass runs on a thread; the tasks it finds dead wait here for the loop.
+        self._dead: queue.SimpleQueue[list[tuple[str, str]]] = queue.SimpleQueue()
+        self._stop_liveness = threading.Event()
+        # Held while tasks are enqueued: the liveness pass never sees a task whose RQ job is not
+        # written yet (it would read the job as gone).
+        self._enqueue_lock = threading.Lock()
         self.resumed = False
         self._best_written: Optional[str] = None
         self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
@@ -198,7 +207,10 @@ class Coordinator:
             pipe.rpush(keys.evals(self.exp), *[json.dumps(e) for e in self._new_evals])
             self._write_evals_file(self._new_evals)
             self._new_evals = []
-        changed = {t: json.dumps(self.running[t]) for t in self._dirty if t in self.running}
+        # The config, the bulk of a task, is left out: the coordinator has it (a resumed run too).
+        changed = {t: json.dumps(dict(self.running[t], task={k: v for k, v in self.running[t]["task"].items()
+                                                             if k != "config"}))
+                   for t in self._dirty if t in self.running}
         gone = [t for t in self._dirty if t not in self.running]
         if changed:
             pipe.hset(keys.tasks(self.exp), mapping=changed)
@@ -229,6 +241,7 @@ class Coordinator:
     def run(self) -> int:
         """Run the experiment to its end; returns the process exit code (see module docstring)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        restore_logging = offload_logging(self.log)  # log lines are written by a thread
         try:
             try:
                 self._claim()
@@ -244,12 +257,22 @@ class Coordinator:
             for s, h in previous.items():
                 signal.signal(s, h)
             self.tb.close()
+            restore_logging()
             try:
                 self.lock.release()
             except (LockError, redis.RedisError):
                 pass  # expired or taken over: nothing of ours to release
 
     def _loop(self) -> tuple[int, str]:
+        liveness = threading.Thread(target=self._liveness_thread, name="liveness", daemon=True)
+        liveness.start()
+        try:
+            return self._loop_body()
+        finally:
+            self._stop_liveness.set()
+            liveness.join(timeout=10)
+
+    def _loop_body(self) -> tuple[int, str]:
         c = self.cfg.commander
         while True:
             if self._signal is not None:
@@ -259,12 +282,12 @@ class Coordinator:
             converged = self._process_events(block_ms=500)
             if self._fatal:
                 return EXIT_ERROR, self._fatal
+            self._apply_dead()
             self._dispatch()  # refill freed slots before the periodic checks below
             now = time.time()
             if now >= self._next_liveness:
                 self._next_liveness = now + 1.0
                 self._keep_alive()
-                self._check_liveness()
             if now >= self._next_summary:
                 self._next_summary = now + 1.0
                 self._write_summary()
@@ -306,12 +329,14 @@ class Coordinator:
         """Enqueue every task the commander hands out, all in one MULTI/EXEC with their leases and
         the coordinator's state (so a burst of freed slots costs one round trip)."""
         pipe = None
-        for kind, getter in (("learner", self.commander.get_learner_task), ("collector", self.commander.get_collector_task)):
-            while (task := getter()) is not None:
-                pipe = pipe or self.conn.pipeline(transaction=True)
-                self._enqueue(kind, task, pipe)
-        if pipe is not None:
-            self._persist(pipe).execute()
+        with self._enqueue_lock:
+            for kind, getter in (("learner", self.commander.get_learner_task),
+                                 ("collector", self.commander.get_collector_task)):
+                while (task := getter()) is not None:
+                    pipe = pipe or self.conn.pipeline(transaction=True)
+                    self._enqueue(kind, task, pipe)
+            if pipe is not None:
+                self._persist(pipe).execute()
 
     def _enqueue(self, kind: str, task: dict, pipe: redis.client.Pipeline) -> None:
         c = self.cfg.commander
@@ -456,36 +481,70 @@ class Coordinator:
                             f"now {first_id}): unread task results may have been lost")
         self.log.error("%s", self.events_lost)
 
-    def _check_liveness(self) -> None:
-        """Fail started tasks whose heartbeat expired, and queued ones whose RQ job died.
+    def _liveness_thread(self) -> None:
+        """Run :meth:`_find_dead` every second, off the event loop; the loop alone applies what it
+        finds (:meth:`_apply_dead`), so the running tasks and the commander change on one thread."""
+        while not self._stop_liveness.wait(1.0):
+            try:
+                self._dead.put(self._find_dead())
+            except redis.RedisError as e:  # the loop meets the same Redis and reports it
+                self.log.warning("liveness pass failed: %s", e)
 
-        After a stall of the coordinator's own loop (a Redis pause, a dropped connection), workers
-        get one heartbeat period to refresh before missing heartbeats count as deaths.
+    def _find_dead(self) -> list[tuple[str, str]]:
+        """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
+
+        Two round trips whatever the number of tasks: one MGET of the heartbeat keys, one
+        pipeline reading the status of the queued tasks' RQ jobs. After a stall of this pass (a
+        Redis pause, a dropped connection), workers get one heartbeat period to refresh before
+        missing heartbeats count as deaths.
         """
         now = time.monotonic()
         if now - self._last_liveness > 3.0:
             self._grace_until = now + float(self.cfg.commander.heartbeat_timeout)
-            self.log.warning("coordinator loop stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
+            self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
                              now - self._last_liveness, self.cfg.commander.heartbeat_timeout)
         self._last_liveness = now
-        started = [t for t, e in self.running.items() if e["started"]]
+        with self._enqueue_lock:
+            snapshot = list(self.running.items())
+        started = [t for t, e in snapshot if e["started"]]
+        waiting = [t for t, e in snapshot if not e["started"]]
+        dead = []
         if started and now >= self._grace_until:
-            pipe = self.conn.pipeline(transaction=False)
-            for t in started:
-                pipe.exists(keys.heartbeat(self.exp, t))
-            dead = [t for t, alive in zip(started, pipe.execute()) if not alive and t in self.running]
-            for t in dead:
-                self._fail(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
-                              f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
-            if dead:
-                self._persist(self.conn.pipeline(transaction=True)).execute()
-        waiting = [t for t, e in self.running.items() if not e["started"]]
+            beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started])
+            dead += [(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
+                         f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
+                     for t, beat in zip(started, beats) if beat is None]
         if waiting:
-            for t, job in zip(waiting, Job.fetch_many(waiting, connection=self.conn)):
-                status = job.get_status(refresh=False) if job is not None else None
-                if job is None or status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-                    self._fail(t, f"RQ job is {status or 'gone'} before the task started")
-                    self._persist(self.conn.pipeline(transaction=True)).execute()
+            pipe = self.conn.pipeline(transaction=False)
+            for t in waiting:
+                pipe.hget(Job.key_for(t), "status")
+            for t, raw in zip(waiting, pipe.execute()):
+                status = raw.decode() if raw else None
+                if status is None or status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+                    dead.append((t, f"RQ job is {status or 'gone'} before the task started"))
+        return dead
+
+    def _apply_dead(self) -> None:
+        """Fail the tasks the liveness pass found dead that still run (a task may have finished
+        since), and persist the change in one transaction."""
+        found: list[tuple[str, str]] = []
+        while True:
+            try:
+                found += self._dead.get_nowait()
+            except queue.Empty:
+                break
+        failed = False
+        for tid, reason in found:
+            if tid in self.running:
+                self._fail(tid, reason)
+                failed = True
+        if failed:
+            self._persist(self.conn.pipeline(transaction=True)).execute()
+
+    def _check_liveness(self) -> None:
+        """The liveness pass on this thread, applied at once (the wrap-up, after the loop's thread stopped)."""
+        self._dead.put(self._find_dead())
+        self._apply_dead()
 
     # ------------------------------------------------------------------ ending
     def _out_of_memory(self) -> str:
