@@ -28,6 +28,7 @@ The loop a commander serves (driven by coordinator/daemon.py)::
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -252,8 +253,11 @@ class SoloCommander(BaseCommander):
         }
         if not is_eval:
             self._total_collector_env_step += int(finished_task["step_count"])
-        if self._logger is not None:
-            self._logger.info("[%s] %s ends: %s", kind.upper(), task_id, ", ".join(f"{k}={v}" for k, v in info.items()))
+        # Evals at INFO; a line per training task (thousands a minute with many collectors) at DEBUG.
+        level = logging.INFO if is_eval else logging.DEBUG
+        if self._logger is not None and self._logger.isEnabledFor(level):
+            self._logger.log(level, "[%s] %s ends: %s", kind.upper(), task_id,
+                             ", ".join(f"{k}={v}" for k, v in info.items()))
         if self._tb_logger is not None:
             for k, v in info.items():
                 if k == "train_iter":

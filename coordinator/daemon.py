@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import signal
@@ -352,7 +353,9 @@ class Coordinator:
             pipeline=pipe,
         )
         lease.grant(pipe, self.exp, task["task_id"], timeout + 3600)
-        self.log.info("dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
+        # One line per training collector task would cost the loop more than the dispatch: DEBUG.
+        level = logging.DEBUG if kind == "collector" and not task.get("eval_flag") else logging.INFO
+        self.log.log(level, "dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
 
     # ------------------------------------------------------------------ events
     def _process_events(self, block_ms: int) -> bool:

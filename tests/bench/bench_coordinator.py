@@ -1,6 +1,6 @@
 """Coordinator scale: one real coordinator and one Redis against simulated collectors.
 
-    python -m tests.bench.bench_coordinator [--sims 8 64 256] [--seconds 10] [--burst 50000]
+    python -m tests.bench.bench_coordinator [--sims 8 64 256 1000] [--seconds 10] [--burst 50000]
 
 Each simulated collector is a thread with its own connection, registered in RQ's worker
 registry like an ``rq worker collector`` (the coordinator sizes its collector task space from
@@ -19,7 +19,10 @@ learner reports ``learner_info`` 20 times a second. Figures:
   that cannot keep up shows as simulators sending under 90 % of what instant dispatch would
   give (``offered``: 2 events per task-second per simulator, plus the learner's 20/s) or as a
   growing backlog: either is reported as saturated;
-* Redis CPU share (``INFO cpu`` delta / wall);
+* Redis CPU share (``INFO cpu`` delta / wall) and the coordinator's (``/proc/{pid}/stat``), and
+  the coordinator's CPU time per handled event (all its work: dispatch, events, liveness, logs);
+* events/s at saturation: the largest simulation once more with tasks of 0 s, so simulators
+  report and ask again as fast as the coordinator dispatches (row ``mode: saturation``);
 * burst events/s: once the backlog is drained, ``--burst`` learner_info events XADDed at
   once, and the time until the coordinator has acked them all (stream ids compared as
   (ms, seq) integers). A drain or burst that does not finish within ``--timeout`` seconds
@@ -102,11 +105,17 @@ def _cpu(conn) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, timeout: float = 120.0,
               profile: str | None = None) -> dict:
-    """One simulation of ``n_sims`` collectors (see module docstring); ``profile``: write the
-    coordinator's cProfile statistics to this file (it slows the coordinator: figures of a
-    profiled run are not comparable)."""
+    """One simulation of ``n_sims`` collectors (see module docstring); ``task_seconds`` 0 is the
+    saturation run. ``profile``: write the coordinator's cProfile statistics to this file (it
+    slows the coordinator: figures of a profiled run are not comparable)."""
     os.environ["RQRL_REDIS_SERVER"] = redis7_server()  # read by EmbeddedRedis
     server = EmbeddedRedis().start()
     url = server.url
@@ -168,14 +177,17 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
         t.start()
     stream = keys.events(EXP)
     try:
-        time.sleep(3 + task_seconds)  # coordinator start-up and the first wave
+        # Coordinator start-up, the simulators' registration (~2 ms each) and the first wave.
+        time.sleep(3 + task_seconds + n_sims / 500)
         with lock:
             latencies.clear()
             e0 = counts["events"]
         g0, cpu0, t0 = group_state(conn, stream), _cpu(conn), time.perf_counter()
+        ccpu0 = _proc_cpu(coord.pid)
         time.sleep(seconds)
         wall = time.perf_counter() - t0
         g1 = group_state(conn, stream)
+        coord_cpu = _proc_cpu(coord.pid) - ccpu0
         with lock:
             sent = (counts["events"] - e0) / wall
             lat = sorted(latencies)
@@ -184,9 +196,9 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
         handled = (g1["handled"] - g0["handled"]) / wall
         # The loop is closed (a simulator sends its next events only once it got a task), so a slow
         # coordinator shows first as simulators sending less than they would with instant
-        # dispatch, then as a growing backlog. Either one is saturation.
-        offered = 2 * n_sims / task_seconds + 20
-        saturated = sent < 0.9 * offered or g1["backlog"] - g0["backlog"] > max(10, 0.05 * sent)
+        # dispatch, then as a growing backlog. Either one is saturation; tasks of 0 s saturate.
+        offered = 2 * n_sims / task_seconds + 20 if task_seconds > 0 else None
+        saturated = offered is None or sent < 0.9 * offered or g1["backlog"] - g0["backlog"] > max(10, 0.05 * sent)
         # Drain what the simulators left, then the burst: learner_info events far faster than any
         # real learner sends them.
         td = time.perf_counter()
@@ -225,23 +237,28 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
     def pct(p: float) -> float | None:
         return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None
 
-    return {"sims": n_sims, "window_s": round(wall, 2), "offered_events_per_s": round(offered, 1),
+    return {"sims": n_sims, "mode": "curve" if task_seconds > 0 else "saturation", "task_seconds": task_seconds,
+            "window_s": round(wall, 2), "offered_events_per_s": None if offered is None else round(offered, 1),
             "sent_events_per_s": round(sent, 1),
             "handled_events_per_s": round(handled, 1), "backlog_start": g0["backlog"], "backlog_end": g1["backlog"],
             "saturated": bool(saturated), "drain_s": round(drain_s, 2), "dispatches": len(lat),
             "dispatch_p50_ms": pct(0.5), "dispatch_p99_ms": pct(0.99), "redis_cpu_share": round(redis_cpu, 3),
+            "coordinator_cpu_share": round(coord_cpu / wall, 3),
+            "coordinator_cpu_us_per_event": round(1e6 * coord_cpu / max(1.0, handled * wall), 1),
             "burst_events": burst, "burst_events_per_s": round(burst_rate)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256, 1000])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--task-seconds", type=float, default=1.0)
     ap.add_argument("--burst", type=int, default=50_000)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to drain or ack a burst before failing")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-saturation", action="store_true",
+                    help="skip the saturation run (the largest simulation with tasks of 0 s)")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="run the coordinator under cProfile, statistics in DIR/coordinator-{sims}.prof")
     args = ap.parse_args(argv)
@@ -252,6 +269,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout, prof)
             rows.append(r)
             print(json.dumps(r), flush=True)
+    for _ in range(0 if args.no_saturation else args.repeats):
+        r = run_scale(max(args.sims), args.seconds, 0.0, args.burst, args.timeout)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return rows

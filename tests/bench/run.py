@@ -8,7 +8,8 @@ baseline on the same config and seeds, the same two for PPO (CartPole) and SAC (
 seeds), the learner with and without prioritized replay, the re-evaluation of final.pt on 20
 fresh episodes for 20 seeds, SAC on HalfCheetah for a fixed budget, the component benchmarks
 (collector vs bare loop, transport vs raw redis-py, policy propagation, per-task overhead,
-learner) and the coordinator scale test (8 / 64 / 256 simulated collectors).
+learner) and the coordinator scale test (8 / 64 / 256 / 1,000 simulated collectors, then a
+saturation run).
 
 Writes ``docs/bench/<UTC date>T<time>-<host>.json``: date, machine, command, git commit and
 every repeat of every figure. Unless ``--no-docs``, it then rewrites the generated block of
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer seeds, repeats and steps")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="solve/serial seeds (default 0-4; 0-2 with --quick)")
     ap.add_argument("--repeats", type=int, default=None, help="component repeats (default 3; 2 with --quick)")
-    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256, 1000])
     ap.add_argument("--parts", nargs="+", default=["solve", "serial", "algorithms", "priorities", "reeval", "halfcheetah",
                                                    "components", "coordinator"])
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))
