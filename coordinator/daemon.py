@@ -12,10 +12,11 @@
    registry, counted twice a second: :func:`live_workers`), enqueue every task the commander
    hands out (job id = task id, explicit ``job_timeout``), read worker events from
    ``rqrl:{exp}:events`` through consumer group ``coordinator`` (XREADGROUP BLOCK, at most
-   0.5 s), route them to the commander, and declare a task dead when its heartbeat key expires or RQ marks its job failed before it started
-   (revoking its write lease, so a zombie cannot publish). Commander state, running tasks and
-   the events' acks are written in one MULTI/EXEC, so a crash at any point neither loses nor
-   double-counts an event;
+   0.5 s), route them to the commander, and declare a task dead when its heartbeat key
+   expires or RQ marks its job failed before it started (revoking its write lease, so a zombie
+   cannot publish; the check itself runs on a thread, see :meth:`Coordinator._find_dead`).
+   Commander state, running tasks and the events' acks are written in one MULTI/EXEC, so a
+   crash at any point neither loses nor double-counts an event;
 3. on convergence sets the stop flag, waits (``commander.finish_timeout`` seconds) for the
    learner's final checkpoint, writes ``./{exp}/final.pt`` and ``summary.json`` and exits 0;
    when ``max_env_step`` / ``max_train_iter`` / ``max_wall_seconds`` pass first it stops the
