@@ -491,8 +491,9 @@ class Coordinator:
         while not self._stop_liveness.wait(1.0):
             try:
                 self._dead.put(self._find_dead())
-            except redis.RedisError as e:  # the loop meets the same Redis and reports it
-                self.log.warning("liveness pass failed: %s", e)
+            except Exception as e:  # noqa: BLE001 - the pass must outlive one bad round; the loop meets
+                # the same Redis errors and handles them
+                self.log.warning("liveness pass failed: %s: %s", type(e).__name__, e)
 
     def _find_dead(self) -> list[tuple[str, str]]:
         """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
