@@ -253,6 +253,9 @@ class Coordinator:
                 code, reason = self._loop()
             except redis.OutOfMemoryError:
                 code, reason = EXIT_ERROR, self._out_of_memory()
+            # The wrap-up logs on this thread again, so its lines and the closing summary it
+            # prints come out in order.
+            restore_logging()
             self._finish(code, reason)
             return code
         finally:

@@ -31,7 +31,7 @@ def offload_logging(logger: logging.Logger) -> Callable[[], None]:
 
     Returns:
         A function that stops the listener (writing every queued record first) and gives the
-        logger its handlers back.
+        logger its handlers back; calling it again does nothing.
     """
     handlers = list(logger.handlers)
     q: queue.SimpleQueue = queue.SimpleQueue()
@@ -43,6 +43,8 @@ def offload_logging(logger: logging.Logger) -> Callable[[], None]:
     listener.start()
 
     def restore() -> None:
+        if front not in logger.handlers:
+            return
         listener.stop()
         logger.removeHandler(front)
         for h in handlers:

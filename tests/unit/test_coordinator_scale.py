@@ -118,5 +118,7 @@ def test_offloaded_log_lines_are_all_written_and_handlers_come_back():
         restore()
         assert seen == [f"line {i} of many" for i in range(100)]
         assert logger.handlers == [h]
+        restore()  # a second call changes nothing
+        assert logger.handlers == [h]
     finally:
         logger.removeHandler(h)
