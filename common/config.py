@@ -118,9 +118,12 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         )),
     ),
     commander=dict(
-        collector_task_space=2,
+        # Collector tasks at once follow the live `rq worker collector` processes (RQ's worker
+        # registry), less one kept free for evals when eval_task_space is 1, and at least one.
+        # An int caps that number; None follows the workers alone.
+        collector_task_space=None,
         learner_task_space=1,
-        # 1: an eval task has its own slot (start one collector worker more than collector_task_space);
+        # 1: an eval task has its own slot (and a worker is kept free for it);
         # 0: evals share collector space, as the seed's commander.
         eval_task_space=1,
         # Evaluate when any of these passes since the last eval (0 disables that trigger).
@@ -269,7 +272,6 @@ def _validate(cfg: dict) -> None:
         "env.collector_env_num": cfg["env"]["collector_env_num"],
         "env.evaluator_env_num": cfg["env"]["evaluator_env_num"],
         "env.n_evaluator_episode": cfg["env"]["n_evaluator_episode"],
-        "commander.collector_task_space": cfg["commander"]["collector_task_space"],
         "commander.learner_task_space": cfg["commander"]["learner_task_space"],
         "policy.collect.n_sample": cfg["policy"].get("collect", {}).get("n_sample", 1),
         "policy.learn.batch_size": cfg["policy"].get("learn", {}).get("batch_size", 1),
@@ -278,6 +280,10 @@ def _validate(cfg: dict) -> None:
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key {name!r} must be >= 1, got {value}")
+    cap = cfg["commander"]["collector_task_space"]
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise ConfigError("config key 'commander.collector_task_space' must be None (follow the collector workers) "
+                          f"or an int >= 1 (a cap), got {cap!r}")
     for key in ("obs_shape", "action_shape"):
         v = cfg["policy"]["model"].get(key)
         ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0) or (

@@ -44,13 +44,15 @@ class ScalarWriter:
         # A deep queue: add_scalar must not block the coordinator loop on file writes.
         self._writer = EventFileWriter(self.log_dir, max_queue_size=4096, flush_secs=flush_secs)
 
-    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
-        """Record ``value`` (float) under ``tag`` at ``global_step`` (train iterations or env steps)."""
+    def add_scalar(self, tag: str, value: float, global_step: int, walltime: float | None = None) -> None:
+        """Record ``value`` (float) under ``tag`` at ``global_step`` (train iterations or env
+        steps), stamped ``walltime`` (seconds since the epoch; default now)."""
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
-        self._writer.add_event(Event(wall_time=time.time(), step=int(global_step), summary=summary))
+        self._writer.add_event(Event(wall_time=time.time() if walltime is None else walltime, step=int(global_step),
+                                     summary=summary))
 
     def flush(self) -> None:
         self._writer.flush()

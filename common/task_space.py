@@ -7,7 +7,7 @@ class TaskSpace:
     """A counter of free slots between ``min_val`` and ``max_val``.
 
     ``acquire_space`` takes a slot if one is free; ``release_space`` gives one back;
-    ``increase_space`` / ``decrease_space`` change the capacity when collectors join or leave.
+    ``increase_space`` / ``decrease_space`` / ``resize`` change the capacity when collectors join or leave.
     """
 
     def __init__(self, min_val: int = 0, max_val: int = 1) -> None:
@@ -44,6 +44,11 @@ class TaskSpace:
         """One slot less capacity (never below ``min_val``); a running task keeps its slot."""
         if self.max_val > self.min_val:
             self.max_val -= 1
+
+    def resize(self, max_val: int) -> None:
+        """Set the capacity to ``max_val`` (at least ``min_val``). Running tasks keep their slots:
+        above a lowered capacity, ``acquire_space`` fails until enough of them are released."""
+        self.max_val = max(self.min_val, int(max_val))
 
     @property
     def in_use(self) -> int:

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, spaces.SpaceError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 1
-    from coordinator.daemon import Coordinator, CoordinatorError
+    from coordinator.daemon import Coordinator, CoordinatorError, live_workers
 
     try:
         conn = connect_checked(args.redis_url)
@@ -42,8 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from common.redis_memory import RedisNotSuitable, check_memory_settings
 
+    from rq import Queue
+
+    from common import keys
+
+    # Collector tasks in flight: the cap, else the workers up now (at least the launcher's two).
+    collectors = cfg.commander.collector_task_space or max(
+        2, live_workers(conn, Queue(keys.COLLECTOR_QUEUE, connection=conn)))
     try:
-        for warning in check_memory_settings(conn, cfg, args.allow_eviction, int(cfg.commander.collector_task_space)):
+        for warning in check_memory_settings(conn, cfg, args.allow_eviction, int(collectors)):
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     except RedisNotSuitable as e:
         print(f"coordinator: {e}", file=sys.stderr)

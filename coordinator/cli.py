@@ -35,7 +35,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         coord_args += ["--seed", str(args.seed)]
     if args.collectors < 1:
         raise ConfigError("--collectors must be >= 1")
-    coord_args.append(f"--set=commander.collector_task_space={args.collectors}")
     if args.allow_eviction:
         coord_args.append("--allow-eviction")
     return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args).run()
@@ -95,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train on this machine: Redis, coordinator and workers as child processes")
     t.add_argument("config", help="config file (see deploy/configs/)")
     t.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
-    t.add_argument("--collectors", type=int, default=2, help="collector tasks at once (default 2); one more collector worker starts for evaluation")
+    t.add_argument("--collectors", type=int, default=2, help="collector workers to start (default 2), plus one kept free for evaluation; "
+                   "the run's collector tasks follow the live workers")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
     t.add_argument("--allow-eviction", action="store_true",
                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")

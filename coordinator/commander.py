@@ -28,6 +28,7 @@ The loop a commander serves (driven by coordinator/daemon.py)::
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -91,6 +92,10 @@ class BaseCommander(ABC):
     def update_learner_info(self, task_id: str, info: dict) -> None:
         """Record a learner progress report."""
 
+    def follow_collector_workers(self, workers: int) -> None:
+        """``workers`` collector workers are live (the coordinator calls this whenever the count
+        changes). A commander with a fixed collector task space does not override it."""
+
 
 @COMMANDER_REGISTRY.register("solo")
 class SoloCommander(BaseCommander):
@@ -112,7 +117,9 @@ class SoloCommander(BaseCommander):
         self._commander_cfg = cfg.commander
         self._run_id = run_id
         self._clock = clock
-        self._collector_task_space = TaskSpace(0, self._commander_cfg.collector_task_space)
+        # Until the coordinator reports the live collector workers (follow_collector_workers):
+        # the cap when one is set, else one task.
+        self._collector_task_space = TaskSpace(0, self._commander_cfg.collector_task_space or 1)
         self._learner_task_space = TaskSpace(0, self._commander_cfg.learner_task_space)
         self._learner_info: deque[dict] = deque([{"train_iter": 0}], maxlen=_LEARNER_INFO_HISTORY)
         self._evaluator_info: list[dict] = []
@@ -137,6 +144,7 @@ class SoloCommander(BaseCommander):
         self._learner_num = int(cfg.policy.learn.get("learner_num", 1))
         self._pending_ranks: list[dict] = []
         self._lost_group: Optional[str] = None
+        self._task_config = _plain(cfg)  # every task carries it; built once, never mutated
 
     # ------------------------------------------------------------------ task creation
     @property
@@ -199,7 +207,7 @@ class SoloCommander(BaseCommander):
             "collect_setting": self._algorithm.collect_setting(self._cfg.policy, info),
             "envstep": self.total_envstep,
             "seed": self._next_seed(),
-            "config": _plain(self._cfg),
+            "config": self._task_config,
         }
 
     def get_learner_task(self) -> Optional[dict]:
@@ -230,7 +238,7 @@ class SoloCommander(BaseCommander):
             "buffer_id": self._current_buffer_id,
             "resume": resume,
             "seed": self._next_seed(),
-            "config": _plain(self._cfg),
+            "config": self._task_config,
         }
         if self._learner_num == 1:
             return task
@@ -264,8 +272,11 @@ class SoloCommander(BaseCommander):
         }
         if not is_eval:
             self._total_collector_env_step += int(finished_task["step_count"])
-        if self._logger is not None:
-            self._logger.info("[%s] %s ends: %s", kind.upper(), task_id, ", ".join(f"{k}={v}" for k, v in info.items()))
+        # Evals at INFO; a line per training task (thousands a minute with many collectors) at DEBUG.
+        level = logging.INFO if is_eval else logging.DEBUG
+        if self._logger is not None and self._logger.isEnabledFor(level):
+            self._logger.log(level, "[%s] %s ends: %s", kind.upper(), task_id,
+                             ", ".join(f"{k}={v}" for k, v in info.items()))
         if self._tb_logger is not None:
             for k, v in info.items():
                 if k == "train_iter":
@@ -358,6 +369,21 @@ class SoloCommander(BaseCommander):
     def update_learner_info(self, task_id: str, info: dict) -> None:
         """Append a learner report (``train_iter``, ``collector_envstep``, ...) to the bounded history."""
         self._learner_info.append(dict(info))
+
+    def follow_collector_workers(self, workers: int) -> None:
+        """Size the collector task space to ``workers`` live ``rq worker collector`` processes.
+
+        The rule: one worker is kept free for evaluation when evals have their own slot
+        (``commander.eval_task_space`` > 0), at least one collector task may run (it waits in the
+        queue while no worker is up, and an eval waits at the queue's front behind at most the
+        running tasks), and ``commander.collector_task_space``, when set, caps the result.
+        Running tasks keep their slots when the space shrinks.
+        """
+        c = self._commander_cfg
+        space = max(1, int(workers) - (1 if c.eval_task_space > 0 else 0))
+        if c.collector_task_space:
+            space = min(space, int(c.collector_task_space))
+        self._collector_task_space.resize(space)
 
     def increase_collector_task_space(self) -> None:
         """One more collector may run (a collector joined)."""

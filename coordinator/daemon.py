@@ -8,13 +8,15 @@
    it resumes it: commander state and running tasks from Redis, un-acked events reclaimed
    with XAUTOCLAIM, running tasks adopted rather than duplicated. Otherwise (or with
    ``fresh=True``) it clears what an earlier run left and stamps a new run id;
-2. loops: enqueue every task the commander hands out (job id = task id, explicit
-   ``job_timeout``), read worker events from ``rqrl:{exp}:events`` through consumer group
-   ``coordinator`` (XREADGROUP BLOCK, at most 0.5 s), route them to the commander, and declare a
-   task dead when its heartbeat key expires or RQ marks its job failed before it started
-   (revoking its write lease, so a zombie cannot publish). Commander state, running tasks and
-   the events' acks are written in one MULTI/EXEC, so a crash at any point neither loses nor
-   double-counts an event;
+2. loops: size the collector task space from the live collector workers (RQ's worker
+   registry, counted twice a second: :func:`live_workers`), enqueue every task the commander
+   hands out (job id = task id, explicit ``job_timeout``), read worker events from
+   ``rqrl:{exp}:events`` through consumer group ``coordinator`` (XREADGROUP BLOCK, at most
+   0.5 s), route them to the commander, and declare a task dead when its heartbeat key
+   expires or RQ marks its job failed before it started (revoking its write lease, so a zombie
+   cannot publish; the check itself runs on a thread, see :meth:`Coordinator._find_dead`).
+   Commander state, running tasks and the events' acks are written in one MULTI/EXEC, so a
+   crash at any point neither loses nor double-counts an event;
 3. on convergence sets the stop flag, waits (``commander.finish_timeout`` seconds) for the
    learner's final checkpoint, writes ``./{exp}/final.pt`` and ``summary.json`` and exits 0;
    when ``max_env_step`` / ``max_train_iter`` / ``max_wall_seconds`` pass first it stops the
@@ -24,7 +26,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -37,7 +41,7 @@ import redis
 from easydict import EasyDict
 from redis.exceptions import LockError
 from redis.lock import Lock
-from rq import Queue
+from rq import Queue, worker_registration
 from rq.job import Callback, Job, JobStatus
 
 from common import blobstore, events, keys, lease, serialization, streams
@@ -45,6 +49,7 @@ from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
+from coordinator.offload import DeferredScalars, offload_logging
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -55,6 +60,9 @@ _ALIVE_TTL_S = 6.0
 # progress line); unread ones are never trimmed. Eval results are kept whole in rqrl:{exp}:evals.
 _EVENTS_RETENTION_S = 600.0
 _TRIM_EVERY_S = 5.0
+# How often the collector workers are counted (two round trips), so a worker that joins gets a
+# task within about a second without the registry being read on every pass of the loop.
+_WORKERS_EVERY_S = 0.5
 
 
 def _fmt(value: Any) -> str:
@@ -65,6 +73,20 @@ def _fmt(value: Any) -> str:
 def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
     ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
     return int(ms), int(seq or 0)
+
+
+def live_workers(conn: redis.Redis, queue: Queue) -> int:
+    """The ``rq worker`` processes listening on ``queue`` that are alive, per RQ's worker registry.
+
+    A worker joins the registry's set (``rq:workers:{queue}``) at its start and leaves it on a
+    warm or cold shutdown; one killed outright stays in the set until RQ's own key for it
+    expires (at most ``job_monitoring_interval`` + 60 s after its last heartbeat while it runs a
+    job, ``worker_ttl`` + 60 s while idle: 90 s and 480 s with RQ's defaults), so only members
+    whose key still exists count. Two round trips, whatever the number of workers (RQ's
+    ``Worker.all`` reads each worker's hash).
+    """
+    members = worker_registration.get_keys(queue=queue)
+    return int(conn.exists(*members)) if members else 0
 
 
 class CoordinatorError(RuntimeError):
@@ -90,7 +112,8 @@ class Coordinator:
         self.lock = Lock(conn, keys.coordinator_alive(self.exp), timeout=_ALIVE_TTL_S, thread_local=False)
         self.run_id = uuid.uuid4().hex[:12]
         self.log = build_logger(self.out / "log" / "commander", "coordinator", console=True)
-        self.tb = build_tb_writer(self.out / "log" / "commander")
+        # Scalars are queued by the loop and written by a thread (coordinator/offload.py).
+        self.tb = DeferredScalars(build_tb_writer(self.out / "log" / "commander"))
         self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id)
         self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
@@ -108,6 +131,12 @@ class Coordinator:
         self._drop_leases: list[str] = []  # task ids whose leases the next _persist revokes
         self._last_liveness = time.monotonic()
         self._grace_until = 0.0
+        # The liveness pass runs on a thread; the tasks it finds dead wait here for the loop.
+        self._dead: queue.SimpleQueue[list[tuple[str, str]]] = queue.SimpleQueue()
+        self._stop_liveness = threading.Event()
+        # Held while tasks are enqueued: the liveness pass never sees a task whose RQ job is not
+        # written yet (it would read the job as gone).
+        self._enqueue_lock = threading.Lock()
         self.resumed = False
         self._best_written: Optional[str] = None
         self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
@@ -115,6 +144,8 @@ class Coordinator:
         self._last_event_id = ""  # the newest event read and acked: trimming never passes it
         self._next_trim = 0.0
         self._new_evals: list[dict[str, Any]] = []  # eval results to store with the next _persist
+        self.collector_workers: Optional[int] = None  # live collector workers at the last count
+        self._next_workers = 0.0
         self.events_lost = ""  # how unread events were found trimmed, if they were
 
     # ------------------------------------------------------------------ lifecycle
@@ -178,7 +209,10 @@ class Coordinator:
             pipe.rpush(keys.evals(self.exp), *[json.dumps(e) for e in self._new_evals])
             self._write_evals_file(self._new_evals)
             self._new_evals = []
-        changed = {t: json.dumps(self.running[t]) for t in self._dirty if t in self.running}
+        # The config, the bulk of a task, is left out: the coordinator has it (a resumed run too).
+        changed = {t: json.dumps(dict(self.running[t], task={k: v for k, v in self.running[t]["task"].items()
+                                                             if k != "config"}))
+                   for t in self._dirty if t in self.running}
         gone = [t for t in self._dirty if t not in self.running]
         if changed:
             pipe.hset(keys.tasks(self.exp), mapping=changed)
@@ -209,6 +243,7 @@ class Coordinator:
     def run(self) -> int:
         """Run the experiment to its end; returns the process exit code (see module docstring)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        restore_logging = offload_logging(self.log)  # log lines are written by a thread
         try:
             try:
                 self._claim()
@@ -218,32 +253,46 @@ class Coordinator:
                 code, reason = self._loop()
             except redis.OutOfMemoryError:
                 code, reason = EXIT_ERROR, self._out_of_memory()
+            # The wrap-up logs on this thread again, so its lines and the closing summary it
+            # prints come out in order.
+            restore_logging()
             self._finish(code, reason)
             return code
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
             self.tb.close()
+            restore_logging()
             try:
                 self.lock.release()
             except (LockError, redis.RedisError):
                 pass  # expired or taken over: nothing of ours to release
 
     def _loop(self) -> tuple[int, str]:
+        liveness = threading.Thread(target=self._liveness_thread, name="liveness", daemon=True)
+        liveness.start()
+        try:
+            return self._loop_body()
+        finally:
+            self._stop_liveness.set()
+            liveness.join(timeout=10)
+
+    def _loop_body(self) -> tuple[int, str]:
         c = self.cfg.commander
         while True:
             if self._signal is not None:
                 return EXIT_INTERRUPTED, f"interrupted by {signal.Signals(self._signal).name}"
+            self._follow_workers()
             self._dispatch()
             converged = self._process_events(block_ms=500)
             if self._fatal:
                 return EXIT_ERROR, self._fatal
+            self._apply_dead()
             self._dispatch()  # refill freed slots before the periodic checks below
             now = time.time()
             if now >= self._next_liveness:
                 self._next_liveness = now + 1.0
                 self._keep_alive()
-                self._check_liveness()
             if now >= self._next_summary:
                 self._next_summary = now + 1.0
                 self._write_summary()
@@ -267,16 +316,32 @@ class Coordinator:
                 return EXIT_LIMIT, f"max_wall_seconds {c.max_wall_seconds} passed without convergence"
 
     # ------------------------------------------------------------------ dispatch
+    def _follow_workers(self) -> None:
+        """Count the live collector workers (at most every ``_WORKERS_EVERY_S``) and hand a
+        changed count to the commander, which sizes the collector task space from it."""
+        now = time.monotonic()
+        if now < self._next_workers:
+            return
+        self._next_workers = now + _WORKERS_EVERY_S
+        n = live_workers(self.conn, self.queues["collector"])
+        if n != self.collector_workers:
+            self.commander.follow_collector_workers(n)
+            self.log.info("collector workers: %s -> %d; collector task space %s", self.collector_workers, n,
+                          self.commander.summary()["collector_task_space"])
+            self.collector_workers = n
+
     def _dispatch(self) -> None:
         """Enqueue every task the commander hands out, all in one MULTI/EXEC with their leases and
         the coordinator's state (so a burst of freed slots costs one round trip)."""
         pipe = None
-        for kind, getter in (("learner", self.commander.get_learner_task), ("collector", self.commander.get_collector_task)):
-            while (task := getter()) is not None:
-                pipe = pipe or self.conn.pipeline(transaction=True)
-                self._enqueue(kind, task, pipe)
-        if pipe is not None:
-            self._persist(pipe).execute()
+        with self._enqueue_lock:
+            for kind, getter in (("learner", self.commander.get_learner_task),
+                                 ("collector", self.commander.get_collector_task)):
+                while (task := getter()) is not None:
+                    pipe = pipe or self.conn.pipeline(transaction=True)
+                    self._enqueue(kind, task, pipe)
+            if pipe is not None:
+                self._persist(pipe).execute()
 
     def _enqueue(self, kind: str, task: dict, pipe: redis.client.Pipeline) -> None:
         c = self.cfg.commander
@@ -292,7 +357,9 @@ class Coordinator:
             pipeline=pipe,
         )
         lease.grant(pipe, self.exp, task["task_id"], timeout + 3600)
-        self.log.info("dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
+        # One line per training collector task would cost the loop more than the dispatch: DEBUG.
+        level = logging.DEBUG if kind == "collector" and not task.get("eval_flag") else logging.INFO
+        self.log.log(level, "dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
 
     # ------------------------------------------------------------------ events
     def _process_events(self, block_ms: int) -> bool:
@@ -438,39 +505,71 @@ class Coordinator:
                             f"now {first_id}): unread task results may have been lost")
         self.log.error("%s", self.events_lost)
 
-    def _check_liveness(self) -> None:
-        """Fail started tasks whose heartbeat expired, and queued ones whose RQ job died.
+    def _liveness_thread(self) -> None:
+        """Run :meth:`_find_dead` every second, off the event loop; the loop alone applies what it
+        finds (:meth:`_apply_dead`), so the running tasks and the commander change on one thread."""
+        while not self._stop_liveness.wait(1.0):
+            try:
+                self._dead.put(self._find_dead())
+            except Exception as e:  # noqa: BLE001 - the pass must outlive one bad round; the loop meets
+                # the same Redis errors and handles them
+                self.log.warning("liveness pass failed: %s: %s", type(e).__name__, e)
 
-        After a stall of the coordinator's own loop (a Redis pause, a dropped connection), workers
-        get one heartbeat period to refresh before missing heartbeats count as deaths.
+    def _find_dead(self) -> list[tuple[str, str]]:
+        """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
+
+        Two round trips whatever the number of tasks: one MGET of the heartbeat keys, one
+        pipeline reading the status of the queued tasks' RQ jobs. After a stall of this pass (a
+        Redis pause, a dropped connection), workers get one heartbeat period to refresh before
+        missing heartbeats count as deaths.
         """
         now = time.monotonic()
         if now - self._last_liveness > 3.0:
             self._grace_until = now + float(self.cfg.commander.heartbeat_timeout)
-            self.log.warning("coordinator loop stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
+            self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
                              now - self._last_liveness, self.cfg.commander.heartbeat_timeout)
         self._last_liveness = now
-        started = [t for t, e in self.running.items() if e["started"]]
+        with self._enqueue_lock:
+            snapshot = list(self.running.items())
+        started = [t for t, e in snapshot if e["started"]]
+        waiting = [t for t, e in snapshot if not e["started"]]
+        dead = []
         if started and now >= self._grace_until:
-            pipe = self.conn.pipeline(transaction=False)
-            for t in started:
-                pipe.exists(keys.heartbeat(self.exp, t))
-            dead = [t for t, alive in zip(started, pipe.execute()) if not alive and t in self.running]
-            for t in dead:
-                if t not in self.running:
-                    continue  # dropped with its learner group by an earlier one of these
-                self._fail(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
-                              f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
-            if dead:
-                self._persist(self.conn.pipeline(transaction=True)).execute()
-        waiting = [t for t, e in self.running.items() if not e["started"]]
+            beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started])
+            dead += [(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
+                         f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
+                     for t, beat in zip(started, beats) if beat is None]
         if waiting:
-            for t, job in zip(waiting, Job.fetch_many(waiting, connection=self.conn)):
-                status = job.get_status(refresh=False) if job is not None else None
-                if t in self.running and (job is None or status in (JobStatus.FAILED, JobStatus.STOPPED,
-                                                                     JobStatus.CANCELED)):
-                    self._fail(t, f"RQ job is {status or 'gone'} before the task started")
-                    self._persist(self.conn.pipeline(transaction=True)).execute()
+            pipe = self.conn.pipeline(transaction=False)
+            for t in waiting:
+                pipe.hget(Job.key_for(t), "status")
+            for t, raw in zip(waiting, pipe.execute()):
+                status = raw.decode() if raw else None
+                if status is None or status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+                    dead.append((t, f"RQ job is {status or 'gone'} before the task started"))
+        return dead
+
+    def _apply_dead(self) -> None:
+        """Fail the tasks the liveness pass found dead that still run (a task may have finished
+        since), and persist the change in one transaction."""
+        found: list[tuple[str, str]] = []
+        while True:
+            try:
+                found += self._dead.get_nowait()
+            except queue.Empty:
+                break
+        failed = False
+        for tid, reason in found:
+            if tid in self.running:
+                self._fail(tid, reason)
+                failed = True
+        if failed:
+            self._persist(self.conn.pipeline(transaction=True)).execute()
+
+    def _check_liveness(self) -> None:
+        """The liveness pass on this thread, applied at once (the wrap-up, after the loop's thread stopped)."""
+        self._dead.put(self._find_dead())
+        self._apply_dead()
 
     # ------------------------------------------------------------------ ending
     def _out_of_memory(self) -> str:
@@ -504,6 +603,7 @@ class Coordinator:
 
     def _write_summary(self, **extra: Any) -> dict[str, Any]:
         summary = dict(self.commander.summary(), run_id=self.run_id, coordinator=self.name,
+                       collector_workers=self.collector_workers,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
         self._best_effort("write the summary to Redis", self.conn.hset, keys.commander(self.exp),
                           mapping=streams.encode_fields(summary))

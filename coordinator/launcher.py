@@ -97,8 +97,9 @@ class Launcher:
         cfg: the compiled config (used for exp_name and stop_value; the coordinator reloads the file).
         config_path: the config file handed to the coordinator.
         redis_url: an existing Redis, or None for a private one.
-        collectors: number of collector tasks at once; one more ``rq worker collector`` is started
-            for evaluation when ``commander.eval_task_space`` > 0.
+        collectors: number of ``rq worker collector`` processes for training tasks; one more is
+            started for evaluation when ``commander.eval_task_space`` > 0. The coordinator sizes
+            its collector task space from the live workers (coordinator/daemon.py).
         coordinator_args: extra arguments for ``python -m coordinator`` (``--seed``, ``--set``).
     """
 
@@ -167,7 +168,7 @@ class Launcher:
             name = "learner" if i == 0 else f"learner{i}"
             self._spawn(name, [*rq, "worker", keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
                                "--name", f"{self.cfg.exp_name}-{name}-{stamp}"], env)
-        # One worker more than collector tasks: an eval task then starts at once in its own slot.
+        # One worker more than collector tasks: the coordinator keeps it free, so an eval starts at once.
         for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
             self._spawn(f"collector{i}", [*rq, "worker", keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
                                           "--name", f"{self.cfg.exp_name}-collector{i}-{stamp}"], env)

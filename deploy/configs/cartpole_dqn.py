@@ -25,7 +25,7 @@ main_config = dict(
             replay_buffer=dict(replay_buffer_size=20000, replay_start_size=256),
         ),
     ),
-    commander=dict(collector_task_space=2, eval_every_train_iter=200, eval_interval=60.0, max_wall_seconds=300.0),
+    commander=dict(eval_every_train_iter=200, eval_interval=60.0, max_wall_seconds=300.0),
 )
 
 create_config = dict(

@@ -24,7 +24,7 @@ main_config = dict(
                    clip_ratio=0.2),
         collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95, collector=dict(task_env_steps=2048)),
     ),
-    commander=dict(collector_task_space=2, eval_every_train_iter=5, eval_interval=60.0, max_wall_seconds=300.0),
+    commander=dict(eval_every_train_iter=5, eval_interval=60.0, max_wall_seconds=300.0),
 )
 
 create_config = dict(

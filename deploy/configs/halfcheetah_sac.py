@@ -22,7 +22,7 @@ main_config = dict(
         collect=dict(n_sample=128, collector=dict(task_env_steps=4000)),
         other=dict(replay_buffer=dict(replay_buffer_size=1_000_000, replay_start_size=10_000)),
     ),
-    commander=dict(collector_task_space=2, eval_every_train_iter=5000, eval_interval=120.0, max_wall_seconds=3600.0),
+    commander=dict(eval_every_train_iter=5000, eval_interval=120.0, max_wall_seconds=3600.0),
 )
 
 create_config = dict(

@@ -18,7 +18,7 @@ main_config = dict(
         collect=dict(n_sample=64, collector=dict(task_env_steps=2000)),
         other=dict(replay_buffer=dict(replay_buffer_size=100_000, replay_start_size=1000)),
     ),
-    commander=dict(collector_task_space=2, eval_every_train_iter=500, eval_interval=60.0, max_wall_seconds=600.0),
+    commander=dict(eval_every_train_iter=500, eval_interval=60.0, max_wall_seconds=600.0),
 )
 
 create_config = dict(

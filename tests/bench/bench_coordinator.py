@@ -1,8 +1,10 @@
 """Coordinator scale: one real coordinator and one Redis against simulated collectors.
 
-    python -m tests.bench.bench_coordinator [--sims 8 64 256] [--seconds 10] [--burst 50000]
+    python -m tests.bench.bench_coordinator [--sims 8 64 256 1000] [--seconds 10] [--burst 50000]
 
-Each simulated collector is a thread with its own connection: it pops a task from
+Each simulated collector is a thread with its own connection, registered in RQ's worker
+registry like an ``rq worker collector`` (the coordinator sizes its collector task space from
+the live workers, with no cap and no eval slot here): it pops a task from
 ``rq:queue:collector`` (BLPOP), sets the task's heartbeat, reports ``started``, "works" for
 ``--task-seconds``, reports ``finished`` with a full finish info, and pops again. A simulated
 learner reports ``learner_info`` 20 times a second. Figures:
@@ -17,7 +19,10 @@ learner reports ``learner_info`` 20 times a second. Figures:
   that cannot keep up shows as simulators sending under 90 % of what instant dispatch would
   give (``offered``: 2 events per task-second per simulator, plus the learner's 20/s) or as a
   growing backlog: either is reported as saturated;
-* Redis CPU share (``INFO cpu`` delta / wall);
+* Redis CPU share (``INFO cpu`` delta / wall) and the coordinator's (``/proc/{pid}/stat``), and
+  the coordinator's CPU time per handled event (all its work: dispatch, events, liveness, logs);
+* events/s at saturation: the largest simulation once more with tasks of 0 s, so simulators
+  report and ask again as fast as the coordinator dispatches (row ``mode: saturation``);
 * burst events/s: once the backlog is drained, ``--burst`` learner_info events XADDed at
   once, and the time until the coordinator has acked them all (stream ids compared as
   (ms, seq) integers). A drain or burst that does not finish within ``--timeout`` seconds
@@ -39,6 +44,8 @@ import threading
 import time
 from pathlib import Path
 
+from rq import Worker
+
 from common import events, keys
 from common.connection import connect
 from common.embedded_redis import EmbeddedRedis, find_redis_server
@@ -50,7 +57,8 @@ EXP = "bench_coord"
 
 def _finish_info(i: int) -> dict:
     return {"real_episode_count": 40, "step_count": 1000, "avg_time_per_episode": 0.1, "avg_step_per_episode": 25.0,
-            "avg_time_per_step": 0.0004, "reward_mean": 25.0, "reward_std": 5.0, "train_iter": i, "eval_flag": False,
+            "avg_time_per_step": 0.0004, "reward_mean": 25.0, "reward_std": 5.0, "train_iter": i, "policy_version": i,
+            "eval_flag": False,
             "duration": 1.0, "buffer_id": "sim"}
 
 
@@ -97,15 +105,26 @@ def _cpu(conn) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, timeout: float = 120.0) -> dict:
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, timeout: float = 120.0,
+              profile: str | None = None) -> dict:
+    """One simulation of ``n_sims`` collectors (see module docstring); ``task_seconds`` 0 is the
+    saturation run. ``profile``: write the coordinator's cProfile statistics to this file (it
+    slows the coordinator: figures of a profiled run are not comparable)."""
     os.environ["RQRL_REDIS_SERVER"] = redis7_server()  # read by EmbeddedRedis
     server = EmbeddedRedis().start()
     url = server.url
     conn = connect(url)
     workdir = tempfile.mkdtemp(prefix="rqrl-bench-coord-")
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    coord = subprocess.Popen([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url,
-                              "--set", f"exp_name={EXP}", "--set", f"commander.collector_task_space={n_sims}",
+    profiler = ["-m", "cProfile", "-o", str(Path(profile).resolve())] if profile else []
+    coord = subprocess.Popen([sys.executable, *profiler, "-m", "coordinator", CONFIG, "--redis-url", url,
+                              "--set", f"exp_name={EXP}", "--set", "commander.eval_task_space=0",
                               "--set", "commander.eval_interval=0.0", "--set", "commander.eval_every_train_iter=0",
                               "--set", "commander.heartbeat_timeout=60.0", "--set", "env.stop_value=1e9",
                               "--set", f"commander.max_wall_seconds={seconds + 120}"],
@@ -128,8 +147,10 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
             with lock:
                 counts["events"] += 1
 
-    def collector() -> None:
+    def collector(i: int) -> None:
         c = connect(url)
+        # In RQ's worker registry, as an `rq worker collector` (its key lives while the bench runs).
+        Worker([keys.COLLECTOR_QUEUE], name=f"bench-sim-{i}", connection=c).register_birth()
         finished_at = None
         while not stop.is_set():
             got = c.blpop([f"rq:queue:{keys.COLLECTOR_QUEUE}"], timeout=1)
@@ -151,19 +172,22 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
                 counts["events"] += 2
 
     threads = [threading.Thread(target=learner, daemon=True)] + \
-              [threading.Thread(target=collector, daemon=True) for _ in range(n_sims)]
+              [threading.Thread(target=collector, args=(i,), daemon=True) for i in range(n_sims)]
     for t in threads:
         t.start()
     stream = keys.events(EXP)
     try:
-        time.sleep(3 + task_seconds)  # coordinator start-up and the first wave
+        # Coordinator start-up, the simulators' registration (~2 ms each) and the first wave.
+        time.sleep(3 + task_seconds + n_sims / 500)
         with lock:
             latencies.clear()
             e0 = counts["events"]
         g0, cpu0, t0 = group_state(conn, stream), _cpu(conn), time.perf_counter()
+        ccpu0 = _proc_cpu(coord.pid)
         time.sleep(seconds)
         wall = time.perf_counter() - t0
         g1 = group_state(conn, stream)
+        coord_cpu = _proc_cpu(coord.pid) - ccpu0
         with lock:
             sent = (counts["events"] - e0) / wall
             lat = sorted(latencies)
@@ -172,9 +196,9 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
         handled = (g1["handled"] - g0["handled"]) / wall
         # The loop is closed (a simulator sends its next events only once it got a task), so a slow
         # coordinator shows first as simulators sending less than they would with instant
-        # dispatch, then as a growing backlog. Either one is saturation.
-        offered = 2 * n_sims / task_seconds + 20
-        saturated = sent < 0.9 * offered or g1["backlog"] - g0["backlog"] > max(10, 0.05 * sent)
+        # dispatch, then as a growing backlog. Either one is saturation; tasks of 0 s saturate.
+        offered = 2 * n_sims / task_seconds + 20 if task_seconds > 0 else None
+        saturated = offered is None or sent < 0.9 * offered or g1["backlog"] - g0["backlog"] > max(10, 0.05 * sent)
         # Drain what the simulators left, then the burst: learner_info events far faster than any
         # real learner sends them.
         td = time.perf_counter()
@@ -213,30 +237,42 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
     def pct(p: float) -> float | None:
         return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None
 
-    return {"sims": n_sims, "window_s": round(wall, 2), "offered_events_per_s": round(offered, 1),
+    return {"sims": n_sims, "mode": "curve" if task_seconds > 0 else "saturation", "task_seconds": task_seconds,
+            "window_s": round(wall, 2), "offered_events_per_s": None if offered is None else round(offered, 1),
             "sent_events_per_s": round(sent, 1),
             "handled_events_per_s": round(handled, 1), "backlog_start": g0["backlog"], "backlog_end": g1["backlog"],
             "saturated": bool(saturated), "drain_s": round(drain_s, 2), "dispatches": len(lat),
             "dispatch_p50_ms": pct(0.5), "dispatch_p99_ms": pct(0.99), "redis_cpu_share": round(redis_cpu, 3),
+            "coordinator_cpu_share": round(coord_cpu / wall, 3),
+            "coordinator_cpu_us_per_event": round(1e6 * coord_cpu / max(1.0, handled * wall), 1),
             "burst_events": burst, "burst_events_per_s": round(burst_rate)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256, 1000])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--task-seconds", type=float, default=1.0)
     ap.add_argument("--burst", type=int, default=50_000)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to drain or ack a burst before failing")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-saturation", action="store_true",
+                    help="skip the saturation run (the largest simulation with tasks of 0 s)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="run the coordinator under cProfile, statistics in DIR/coordinator-{sims}.prof")
     args = ap.parse_args(argv)
     rows = []
     for n in args.sims:
         for _ in range(args.repeats):
-            r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout)
+            prof = str(Path(args.profile) / f"coordinator-{n}.prof") if args.profile else None
+            r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout, prof)
             rows.append(r)
             print(json.dumps(r), flush=True)
+    for _ in range(0 if args.no_saturation else args.repeats):
+        r = run_scale(max(args.sims), args.seconds, 0.0, args.burst, args.timeout)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return rows

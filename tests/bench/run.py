@@ -9,9 +9,9 @@ seeds), the learner with and without prioritized replay, the data-parallel learn
 at ``learner_num`` 1 and 2, the re-evaluation of final.pt on 20
 fresh episodes for 20 seeds, SAC on HalfCheetah for a fixed budget, the component benchmarks
 (collector vs bare loop, transport vs raw redis-py, policy propagation, per-task overhead,
-learner), the coordinator scale test (8 / 64 / 256 simulated collectors) and the image
-benchmarks on Atari Pong (collector, transport with and without compression, replay memory per
-transition, learner; tests/bench/bench_images.py).
+learner), the coordinator scale test (8 / 64 / 256 / 1,000 simulated collectors, then a
+saturation run) and the image benchmarks on Atari Pong (collector, transport with and without
+compression, replay memory per transition, learner; tests/bench/bench_images.py).
 
 Writes ``docs/bench/<UTC date>T<time>-<host>.json``: date, machine, command, git commit and
 every repeat of every figure. Unless ``--no-docs``, it then rewrites the generated block of
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer seeds, repeats and steps")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="solve/serial seeds (default 0-4; 0-2 with --quick)")
     ap.add_argument("--repeats", type=int, default=None, help="component repeats (default 3; 2 with --quick)")
-    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256, 1000])
     ap.add_argument("--parts", nargs="+", default=["solve", "serial", "algorithms", "priorities", "ddp", "reeval",
                                                    "halfcheetah", "components", "coordinator", "images"])
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))

@@ -76,6 +76,7 @@ class Chaos:
     def _coordinator_argv(self) -> list[str]:
         return [sys.executable, "-m", "coordinator", CONFIG, "--seed", str(self.seed),
                 "--set", f"exp_name={self.exp}", "--set", f"env.stop_value={self.stop_value}",
+                # A cap: a killed worker counts in RQ's registry until its key expires (~90 s).
                 "--set", f"commander.collector_task_space={self.n_collectors}",
                 "--set", "policy.collect.collector.task_env_steps=2000",
                 "--set", "policy.learn.learner.hook.save_ckpt_after_iter=100",
@@ -253,7 +254,7 @@ class Chaos:
         t0 = time.monotonic()
         self._start("coordinator", self._coordinator_argv())
         self._worker("learner", keys.LEARNER_QUEUE)
-        for i in range(self.n_collectors):
+        for i in range(self.n_collectors + 1):  # one more, kept free for evals
             self._worker(f"collector{i}", keys.COLLECTOR_QUEUE)
         # The learner goes first, right after its first checkpoint: killed later, the run may converge
         # before its death is detected, and its resume would go unchecked. The rest in seeded order.
@@ -345,7 +346,7 @@ def render(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--collectors", type=int, default=2)
+    ap.add_argument("--collectors", type=int, default=2, help="collector tasks at once (one worker more is started)")
     ap.add_argument("--collector-kills", type=int, default=3)
     ap.add_argument("--duration", type=float, default=240.0, help="max_wall_seconds of the run")
     ap.add_argument("--stop-value", type=float, default=195.0)

@@ -211,6 +211,19 @@ def test_task_space_increase_decrease():
     assert ts.state_dict() == {"min_val": 0, "max_val": 0, "cur": 0}
 
 
+def test_task_space_resize_keeps_running_tasks():
+    ts = TaskSpace(0, 3)
+    assert ts.acquire_space() and ts.acquire_space() and ts.acquire_space()
+    ts.resize(1)
+    ts.release_space()
+    assert not ts.acquire_space()  # two still run on a capacity of one
+    ts.release_space()
+    ts.release_space()
+    assert ts.acquire_space() and not ts.acquire_space()
+    ts.resize(-2)  # never below min_val
+    assert ts.max_val == 0
+
+
 def test_task_space_residual():
     ts = TaskSpace(0, 3)
     ts.acquire_space()

@@ -46,6 +46,8 @@ def cfg_with(small_cfg, **commander):
 
 def make(small_cfg, clock=None, tb=None, **commander):
     commander.setdefault("confirm_eval_episodes", 0)  # the seed's rule: the first passing eval converges
+    # A fixed space of two unless a test says otherwise (following workers has its own tests).
+    commander.setdefault("collector_task_space", 2)
     cfg = cfg_with(small_cfg, **commander)
     return create_commander(cfg, clock=clock or FakeClock(), tb_logger=tb, run_id="run_x")
 
@@ -87,7 +89,7 @@ def test_no_collector_task_before_learner_task(small_cfg):
     assert c.summary()["collector_tasks_running"] == 0
     learner = c.get_learner_task()
     assert learner is not None
-    tasks = [c.get_collector_task() for _ in range(small_cfg.commander.collector_task_space)]
+    tasks = [c.get_collector_task() for _ in range(2)]
     assert all(t is not None for t in tasks)
 
 
@@ -132,6 +134,51 @@ def test_collector_task_space_limit_and_release(small_cfg):
     assert c.get_collector_task() is not None
     assert c.get_collector_task() is None
     assert c.summary()["collector_tasks_running"] == 3
+
+
+@pytest.mark.parametrize("cap, eval_space, workers, space", [
+    (None, 1, 0, 1),    # no worker yet: one task waits in the queue
+    (None, 1, 1, 1),    # one worker: it trains, an eval waits at the queue's front
+    (None, 1, 2, 1),    # one worker kept free for evals
+    (None, 1, 5, 4),
+    (None, 0, 5, 5),    # evals share collector space: every worker trains
+    (3, 1, 10, 3),      # the cap
+    (3, 1, 3, 2),       # under the cap the workers rule
+    (1, 0, 0, 1),
+])
+def test_collector_task_space_follows_workers(small_cfg, cap, eval_space, workers, space):
+    c = make(small_cfg, collector_task_space=cap, eval_task_space=eval_space)
+    c.follow_collector_workers(workers)
+    assert c.summary()["collector_task_space"] == space
+    c.get_learner_task()
+    tasks = [c.get_collector_task() for _ in range(space)]
+    assert all(tasks) and c.get_collector_task() is None
+
+
+def test_workers_joining_and_leaving_resize_the_space(small_cfg):
+    c = make(small_cfg, collector_task_space=None, eval_every_train_iter=1, eval_interval=0.0)
+    c.get_learner_task()
+    c.follow_collector_workers(2)  # one trains, one is kept for evals
+    t1 = c.get_collector_task()
+    assert t1 and not t1["eval_flag"] and c.get_collector_task() is None
+    c.follow_collector_workers(4)  # two workers join
+    joined = [c.get_collector_task(), c.get_collector_task()]
+    assert all(joined) and c.get_collector_task() is None
+    assert c.summary()["collector_tasks_running"] == 3
+    # An eval comes due: it takes its own slot although every training slot is in use.
+    c.update_learner_info("l", {"train_iter": 5})
+    ev = c.get_collector_task()
+    assert ev is not None and ev["eval_flag"] is True
+    # Two workers leave: running tasks keep their slots, finished ones are not replaced ...
+    c.follow_collector_workers(2)
+    assert c.summary()["collector_task_space"] == 1
+    c.finish_collector_task(t1["task_id"], finished(t1))
+    c.finish_collector_task(joined[0]["task_id"], finished(joined[0]))
+    assert c.get_collector_task() is None
+    # ... until fewer run than the space allows.
+    c.finish_collector_task(joined[1]["task_id"], finished(joined[1]))
+    t = c.get_collector_task()
+    assert t is not None and not t["eval_flag"] and c.get_collector_task() is None
 
 
 def test_increase_decrease_collector_task_space(small_cfg):

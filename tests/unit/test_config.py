@@ -177,6 +177,8 @@ def test_create_config_import_names_missing_module():
     ({"env": {"evaluator_env_num": -1}}, "env.evaluator_env_num"),
     ({"env": {"n_evaluator_episode": 0}}, "env.n_evaluator_episode"),
     ({"commander": {"collector_task_space": 0}}, "commander.collector_task_space"),
+    ({"commander": {"collector_task_space": "4"}}, "commander.collector_task_space"),
+    ({"commander": {"collector_task_space": True}}, "commander.collector_task_space"),
     ({"commander": {"learner_task_space": 0}}, "commander.learner_task_space"),
     ({"env": {"manager": {"type": "threads"}}}, "env.manager.type"),
     ({"exp_name": "a:b"}, "exp_name"),

@@ -120,8 +120,9 @@ def _unit(path: Path) -> configparser.ConfigParser:
     return cp
 
 
-def _check_coordinator_argv(argv: list[str]) -> None:
-    """``argv`` (after ``python -m coordinator``) parses and its config + overrides are valid."""
+def _check_coordinator_argv(argv: list[str]):
+    """``argv`` (after ``python -m coordinator``) parses and its config + overrides are valid;
+    returns the compiled config."""
     from coordinator.__main__ import main  # noqa: F401  (the module exists)
 
     assert argv, "no config argument"
@@ -143,6 +144,16 @@ def _check_coordinator_argv(argv: list[str]) -> None:
     assert not any(a.startswith("--redis-url") for a in argv), "pass the URL through RQRL_REDIS_URL, not argv"
     cfg = apply_overrides(load_config(config), overrides) if overrides else load_config(config)
     assert cfg.exp_name
+    return cfg
+
+
+def _check_follows_workers(cfg, collector_workers: int) -> None:
+    """The one task-space rule (README, docs/deploy.md, docs/architecture.md): collector tasks
+    follow the live collector workers, one kept free for evals. A recipe sets no cap (workers added
+    later would idle) and starts at least two collector workers (one trains, one evaluates)."""
+    assert cfg.commander.collector_task_space is None, "a fixed collector_task_space idles workers added later"
+    assert cfg.commander.eval_task_space == 1
+    assert collector_workers >= 2, "one collector worker trains, one is kept free for evals"
 
 
 def _image_config_path(path: str) -> str:
@@ -257,12 +268,11 @@ def test_compose_coordinator_command_runs_a_valid_config(files, tmp_path):
     assert out.returncode == 0, out.stderr
     argv = json.loads(out.stdout)
     assert argv[:2] == ["-m", "coordinator"]
-    collectors = _env_file(DOCKER / ".env.example")["RQRL_COLLECTORS"]
-    assert f"commander.collector_task_space={collectors}" in argv
     cuda = "True" if "docker-compose.gpu.yml" in files else "False"
     assert f"policy.cuda={cuda}" in argv
     assert argv[-4:] == ["--seed", "3", "--set", "commander.max_wall_seconds=0"]
-    _check_coordinator_argv(argv[2:])
+    cfg = _check_coordinator_argv(argv[2:])
+    _check_follows_workers(cfg, int(_env_file(DOCKER / ".env.example")["RQRL_COLLECTORS"]))
 
 
 def _compose_cli() -> list[str] | None:
@@ -430,11 +440,10 @@ def test_k8s_coordinator_job():
     assert cm["data"][cfg_path.name] == CONFIG.read_text()
     assert mounts["runs"] == c["workingDir"] == "/runs"
     assert ("PersistentVolumeClaim", vols["runs"]["persistentVolumeClaim"]["claimName"]) in objs
-    # Overrides are valid, collector_task_space matches the collectors, cuda matches the GPU learner.
+    # Overrides are valid, the task space follows the collector Deployment, cuda matches the GPU learner.
     argv = [str(CONFIG)] + c["command"][4:]
-    _check_coordinator_argv(argv)
-    replicas = objs[("Deployment", "rqrl-collector")]["spec"]["replicas"]
-    assert f"commander.collector_task_space={replicas}" in argv
+    cfg = _check_coordinator_argv(argv)
+    _check_follows_workers(cfg, objs[("Deployment", "rqrl-collector")]["spec"]["replicas"])
     assert "policy.cuda=True" in argv
 
 
@@ -539,7 +548,20 @@ def test_systemd_env_example_drives_a_valid_coordinator():
     svc = _unit(SYSTEMD / "rqrl-coordinator.service")["Service"]
     argv = _systemd_expand(shlex.split(svc["ExecStart"]), env)
     assert argv[1:3] == ["-m", "coordinator"]
-    _check_coordinator_argv([_image_config_path(argv[3])] + argv[4:])
+    cfg = _check_coordinator_argv([_image_config_path(argv[3])] + argv[4:])
+    # The unit's header starts four collector instances (rqrl-collector@{1..4}).
+    header = (SYSTEMD / "rqrl-collector@.service").read_text()
+    instances = re.search(r"rqrl-collector@\{1\.\.(\d+)\}", header)
+    assert instances, "rqrl-collector@.service should show how many instances to start"
+    _check_follows_workers(cfg, int(instances.group(1)))
+
+
+def test_no_recipe_fixes_the_collector_task_space():
+    """Collector workers scale without touching the coordinator: no file under deploy/ sets a cap."""
+    for path in DEPLOY.rglob("*"):
+        if path.is_file() and path.suffix not in (".pyc",):
+            text = path.read_text(errors="replace")
+            assert not re.search(r"collector_task_space\s*=\s*\d", text), f"{path} fixes the collector task space"
 
 
 def test_systemd_analyze_verify(tmp_path):

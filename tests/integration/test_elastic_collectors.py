@@ -1,0 +1,140 @@
+"""Elastic collectors: the collector task space follows the live ``rq worker collector`` processes.
+
+Real coordinator, real ``rq worker`` processes (PreloadWorker), real Redis, no cap
+(``commander.collector_task_space`` unset) and the eval slot on (``eval_task_space=1``). The run
+starts with two collector workers: one trains, one is kept free for evals. Two more join
+mid-run: three training tasks then run at once, and evals still find a free worker. One worker
+leaves (RQ's warm shutdown): the space shrinks to two and its slot is not refilled.
+
+Concurrency is read from the events stream (``started`` / ``finished`` of non-eval collector
+tasks), the coordinator's view from ``rqrl:{exp}:commander`` (``collector_workers``,
+``collector_task_space``) and ``rqrl:{exp}:tasks``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from rq import Queue, Worker
+
+from common import keys, streams
+from tests.conftest import REPO, rq_bin, worker_env
+
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(180)]
+
+CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
+
+
+class Running:
+    """Training (non-eval) collector tasks running now, followed on the events stream (XREAD BLOCK)."""
+
+    def __init__(self, conn, exp: str) -> None:
+        self.conn, self.stream, self.last = conn, keys.events(exp), b"0"
+        self.training: set[str] = set()
+        self.evals_started = 0
+        self.peak = 0  # most training tasks at once since the last reset_peak()
+        self.peak_at = 0.0  # event time (s) the peak was first reached
+
+    def reset_peak(self) -> None:
+        self.peak = len(self.training)
+
+    def read(self, block_ms: int = 500) -> None:
+        for _, entries in self.conn.xread({self.stream: self.last}, block=block_ms) or []:
+            for eid, raw in entries:
+                self.last = eid
+                ev = streams.decode_fields(raw)
+                if ev.get("task_type") != "collector":
+                    continue
+                if ev["type"] == "started" and ev.get("eval_flag") is True:
+                    self.evals_started += 1
+                elif ev["type"] == "started":
+                    self.training.add(ev["task_id"])
+                    if len(self.training) > self.peak:
+                        self.peak, self.peak_at = len(self.training), float(ev["ts"])
+                elif ev["type"] in ("finished", "failed"):
+                    self.training.discard(ev["task_id"])
+
+    def until(self, pred, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+            self.read()
+
+
+def summary(conn, exp: str) -> dict:
+    return streams.decode_fields(conn.hgetall(keys.commander(exp)))
+
+
+def queued_or_running_training(conn, exp: str) -> int:
+    recs = [json.loads(v) for v in conn.hvals(keys.tasks(exp))]
+    return sum(r["kind"] == "collector" and not r["task"].get("eval_flag") for r in recs)
+
+
+def test_task_space_follows_collector_workers(real_redis, redis_server, tmp_path):
+    conn, url = real_redis, redis_server.url
+    exp = f"elastic_{os.getpid()}"
+    env = worker_env(url)
+    procs: dict[str, subprocess.Popen] = {}
+
+    def worker(name: str, queue: str) -> None:
+        procs[name] = subprocess.Popen([rq_bin(), "worker", queue, "-w", "workers.worker.PreloadWorker",
+                                        "--name", f"{exp}-{name}"], cwd=tmp_path, env=env,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    procs["coordinator"] = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--set", f"exp_name={exp}",
+         "--set", "env.stop_value=100000", "--set", "commander.eval_every_train_iter=100",
+         "--set", "commander.max_wall_seconds=150", "--set", "policy.collect.collector.task_env_steps=200"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    for name, queue in (("learner", "learner"), ("c0", "collector"), ("c1", "collector")):
+        worker(name, queue)
+    collector_queue = Queue(keys.COLLECTOR_QUEUE, connection=conn)
+    run = Running(conn, exp)
+    try:
+        # Two workers: one trains, one is kept free for evals.
+        run.until(lambda: summary(conn, exp).get("collector_workers") == 2 and run.training, 60,
+                  "a training task on the first two workers")
+        assert summary(conn, exp)["collector_task_space"] == 1  # written with collector_workers
+        run.until(lambda: run.evals_started >= 1, 30, "an eval on the spare worker")
+        assert run.peak == 1, "one training task at a time on two workers (one kept for evals)"
+        # Two more join mid-run.
+        worker("c2", "collector")
+        worker("c3", "collector")
+        deadline = time.monotonic() + 60
+        while Worker.count(queue=collector_queue) < 4:
+            assert time.monotonic() < deadline, "the two new rq workers did not register"
+            time.sleep(0.05)  # RQ's registry has no blocking read
+        joined = time.time()
+        run.until(lambda: run.peak >= 3, 20, "three training tasks at once after two workers joined")
+        print(f"third training task started {run.peak_at - joined:.2f} s after the workers registered")
+        assert run.peak_at - joined < 5.0
+        run.until(lambda: summary(conn, exp)["collector_task_space"] == 3, 5, "the summary (written every second)")
+        evals = run.evals_started
+        run.until(lambda: run.evals_started > evals, 30, "an eval while three training tasks run")
+        assert run.peak == 3, "never more training tasks than workers but one"
+        # One leaves (warm shutdown: it finishes its task, then leaves RQ's registry).
+        procs["c3"].send_signal(signal.SIGTERM)
+        procs["c3"].wait(timeout=60)
+        run.until(lambda: summary(conn, exp).get("collector_workers") == 3, 10, "the coordinator sees three workers")
+        assert summary(conn, exp)["collector_task_space"] == 2
+        # Its slot is not refilled: the tasks the coordinator holds drain to two, then stay there.
+        run.until(lambda: queued_or_running_training(conn, exp) <= 2 and len(run.training) <= 2, 30,
+                  "the freed slot stays free")
+        run.reset_peak()
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            run.read(block_ms=250)
+            assert queued_or_running_training(conn, exp) <= 2
+        assert run.peak <= 2
+        assert procs["coordinator"].poll() is None
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
