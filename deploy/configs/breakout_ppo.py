@@ -27,7 +27,7 @@ main_config = dict(
         collect=dict(n_sample=1024, discount_factor=0.99, gae_lambda=0.95, collector=dict(task_env_steps=8192)),
         eval=dict(evaluator=dict(max_episode_seconds=300.0)),
     ),
-    commander=dict(collector_task_space=2, eval_every_train_iter=50, eval_interval=60.0),
+    commander=dict(eval_every_train_iter=50, eval_interval=60.0),
 )
 
 create_config = dict(policy=dict(type="ppo"))

@@ -33,7 +33,7 @@ main_config = dict(
             replay_buffer=dict(replay_buffer_size=100_000, replay_start_size=2000),
         ),
     ),
-    commander=dict(collector_task_space=2, eval_every_train_iter=5000, eval_interval=60.0),
+    commander=dict(eval_every_train_iter=5000, eval_interval=60.0),
 )
 
 create_config = dict(policy=dict(type="dqn"))
