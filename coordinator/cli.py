@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from common import spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
+from coordinator import runs
 
 
 def _load(path: str, overrides: list[str], seed: int | None):
@@ -38,7 +40,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     coord_args.append(f"--set=commander.collector_task_space={args.collectors}")
     if args.allow_eviction:
         coord_args.append("--allow-eviction")
-    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args).run()
+    try:
+        run_dir = runs.reserve_run_dir(Path("."), cfg.exp_name, int(cfg.seed), args.name)
+    except ValueError as e:
+        raise ConfigError(f"--name: {e}") from None
+    print(f"run {run_dir.parent.name}/{run_dir.name}: files in {run_dir}/", file=sys.stderr)
+    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name).run()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -85,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
     t.add_argument("--collectors", type=int, default=2, help="collector tasks at once (default 2); one more collector worker starts for evaluation")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    t.add_argument("--name", default=None,
+                   help="the run's name: its folder ./EXP/NAME/ and Redis keys rqrl:EXP/NAME:* "
+                        "(default: UTC time and seed, e.g. 20261130T021500Z-s1)")
     t.add_argument("--allow-eviction", action="store_true",
                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -93,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="queues, workers, tasks, throughput and last eval, read from Redis")
     s.add_argument("--redis-url", default=None, help=url_help)
-    s.add_argument("--exp", default=None, help="experiment name (default: every experiment in this Redis)")
+    s.add_argument("--exp", default=None,
+                   help="an experiment (all its runs) or one run, EXP/RUN (default: every run in this Redis)")
     s.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
     s.add_argument("--json", action="store_true", help="print JSON for scripts")
     s.set_defaults(func=cmd_status)
@@ -116,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_arguments(cu)
     cu.set_defaults(func=cmd_curve)
 
-    cl = sub.add_parser("clean", help="list (dry run) or delete (--yes) one experiment's Redis keys and RQ jobs")
+    cl = sub.add_parser("clean", help="list (dry run) or delete (--yes) one run's or experiment's Redis keys and RQ jobs")
     clean.add_arguments(cl)
     cl.set_defaults(func=cmd_clean)
     return ap

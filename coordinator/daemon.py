@@ -3,9 +3,12 @@
 ``python -m coordinator CONFIG --redis-url URL`` (see coordinator/__main__.py) runs
 :meth:`Coordinator.run`:
 
-1. claims the experiment (``rqrl:{exp}:coordinator``, a key with a TTL: one coordinator per
-   experiment). If an unfinished run of the experiment is in Redis (a coordinator was killed),
-   it resumes it: commander state and running tasks from Redis, un-acked events reclaimed
+1. names the run and claims it (``rqrl:{exp}:coordinator``, a key with a TTL: one coordinator
+   per run; ``{exp}`` is the run's namespace ``{exp_name}/{run_name}``, see
+   :func:`common.keys.namespace`). The run name is given (``--run-name``; ``rqrl train`` always
+   gives one) or, by default, that of the newest unfinished run of this experiment and seed in
+   Redis (a coordinator restarted after a crash), else a new one, ``{UTC time}-s{seed}``
+   (:func:`new_run_name`). If an unfinished run of that name is in Redis it resumes it: commander state and running tasks from Redis, un-acked events reclaimed
    with XAUTOCLAIM, running tasks adopted rather than duplicated. Otherwise (or with
    ``fresh=True``) it clears what an earlier run left and stamps a new run id;
 2. loops: enqueue every task the commander hands out (job id = task id, explicit
@@ -16,7 +19,8 @@
    the events' acks are written in one MULTI/EXEC, so a crash at any point neither loses nor
    double-counts an event;
 3. on convergence sets the stop flag, waits (``commander.finish_timeout`` seconds) for the
-   learner's final checkpoint, writes ``./{exp}/final.pt`` and ``summary.json`` and exits 0;
+   learner's final checkpoint, writes ``./{exp_name}/{run_name}/final.pt`` and ``summary.json``
+   (the run folder; ``./{exp_name}/latest`` links to the newest run) and exits 0;
    when ``max_env_step`` / ``max_train_iter`` / ``max_wall_seconds`` pass first it stops the
    run the same way and exits 2; SIGINT / SIGTERM stop it likewise and exit 130.
 """
@@ -45,6 +49,7 @@ from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
+from coordinator.runs import link_latest, new_run_name, run_unfinished
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -68,7 +73,7 @@ def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
 
 
 class CoordinatorError(RuntimeError):
-    """The coordinator cannot run (e.g. another one owns the experiment)."""
+    """The coordinator cannot run (e.g. another one owns the run)."""
 
 
 class Coordinator:
@@ -77,21 +82,27 @@ class Coordinator:
     Args:
         cfg: the compiled config.
         conn: Redis client (bytes replies, as RQ needs).
-        out_dir: where ``{exp_name}/`` (logs, final.pt, summary.json) is written.
+        out_dir: where the run folder ``{exp_name}/{run_name}/`` (logs, final.pt, summary.json) is written.
+        fresh: start a new run even if an unfinished one of this name is in Redis.
+        run_name: the run's name; None picks one (module docstring).
     """
 
-    def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False) -> None:
+    def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False,
+                 run_name: Optional[str] = None) -> None:
         self.cfg = cfg
         self.fresh = fresh
         self.conn = conn
-        self.exp = cfg.exp_name
+        self.exp_name = cfg.exp_name
+        self.run_name = run_name or self._pick_run_name()
+        self.exp = keys.namespace(self.exp_name, self.run_name)  # every key of the run is under it
         self.out = Path(out_dir) / self.exp
         self.name = f"coordinator-{socket.gethostname()}-{os.getpid()}"
         self.lock = Lock(conn, keys.coordinator_alive(self.exp), timeout=_ALIVE_TTL_S, thread_local=False)
         self.run_id = uuid.uuid4().hex[:12]
         self.log = build_logger(self.out / "log" / "commander", "coordinator", console=True)
         self.tb = build_tb_writer(self.out / "log" / "commander")
-        self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id)
+        self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id,
+                                                         run_name=self.run_name)
         self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
         self._signal: Optional[int] = None
@@ -118,17 +129,35 @@ class Coordinator:
         self.events_lost = ""  # how unread events were found trimmed, if they were
 
     # ------------------------------------------------------------------ lifecycle
+    def _pick_run_name(self) -> str:
+        """The newest unfinished run of this experiment and seed in Redis (a restart), unless
+        ``fresh``; else a new name, made unique in ``rqrl:runs`` (SADD answers who was first)."""
+        suffix = f"-s{int(self.cfg.seed)}"
+        if not self.fresh:
+            for ns in sorted((n.decode() for n in self.conn.smembers(keys.runs())), reverse=True):
+                exp_name, run_name = keys.split_namespace(ns)
+                if exp_name == self.exp_name and run_name.endswith(suffix) and run_unfinished(self.conn, ns):
+                    return run_name
+        base, n = new_run_name(int(self.cfg.seed)), 1
+        name = base
+        while not self.conn.sadd(keys.runs(), keys.namespace(self.exp_name, name)):
+            n += 1
+            name = f"{base}-{n}"
+        return name
+
     def _claim(self) -> None:
         key = keys.coordinator_alive(self.exp)
         # A killed coordinator's lock expires within _ALIVE_TTL_S; a live one keeps extending it.
-        # The token is our name, so `rqrl status` and `redis-cli GET` show who owns the experiment.
+        # The token is our name, so `rqrl status` and `redis-cli GET` show who owns the run.
         if not self.lock.acquire(blocking=True, blocking_timeout=_ALIVE_TTL_S + 1, token=self.name):
             owner = self.conn.get(key)
             raise CoordinatorError(
-                f"experiment {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
-                "stop it or choose another exp_name")
+                f"run {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
+                "stop it, or start another run (a different run name)")
         state_raw = self.conn.hget(keys.commander(self.exp), "state")
         run = self.conn.get(keys.run(self.exp))
+        self.out.mkdir(parents=True, exist_ok=True)
+        link_latest(self.out.parent, self.run_name)
         if state_raw and run and not self.conn.exists(keys.stop(self.exp)) and not self.fresh:
             self._resume(json.loads(state_raw))
             return
@@ -137,7 +166,7 @@ class Coordinator:
             self.conn.delete(*stale)
             self.log.info("cleared %d keys left by an earlier run of %s", len(stale), self.exp)
         self.conn.set(keys.run(self.exp), self.run_id)
-        self.conn.sadd(keys.experiments(), self.exp)
+        self.conn.sadd(keys.runs(), self.exp)
         (self.out / "evals.jsonl").unlink(missing_ok=True)  # an earlier run's, as summary.json
         streams.ensure_group(self.conn, keys.events(self.exp), keys.COORDINATOR_GROUP, start_id="0")
         self._persist(self.conn.pipeline(transaction=True)).execute()
@@ -391,7 +420,7 @@ class Coordinator:
             self.commander.notify_fail_learner_task(entry["task"])
 
     def _write_evals_file(self, evals: list[dict[str, Any]]) -> None:
-        """Append eval results to ``./{exp}/evals.jsonl`` (one JSON object per line)."""
+        """Append eval results to the run folder's ``evals.jsonl`` (one JSON object per line)."""
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.out / "evals.jsonl", "a") as f:
             f.writelines(json.dumps(e) + "\n" for e in evals)
@@ -483,7 +512,8 @@ class Coordinator:
             return False
 
     def _write_summary(self, **extra: Any) -> dict[str, Any]:
-        summary = dict(self.commander.summary(), run_id=self.run_id, coordinator=self.name,
+        summary = dict(self.commander.summary(), exp_name=self.exp_name, run_name=self.run_name,
+                       run_id=self.run_id, coordinator=self.name,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
         self._best_effort("write the summary to Redis", self.conn.hset, keys.commander(self.exp),
                           mapping=streams.encode_fields(summary))
@@ -552,7 +582,7 @@ class Coordinator:
         print("\n".join(lines), flush=True)
 
     def _plot_curve(self) -> Optional[Path]:
-        """``./{exp}/curve.png``: eval reward against env steps and wall time, with the stop_value line."""
+        """The run folder's ``curve.png``: eval reward against env steps and wall time, with the stop_value line."""
         if not self._evals_at_stop:
             return None
         from coordinator.curve import plot_curve

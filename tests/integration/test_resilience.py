@@ -38,7 +38,7 @@ def test_redis_pause_and_dropped_connections_are_survived(tmp_path, redis_server
         assert killed > 0
         out, err = p.communicate(timeout=200)
         assert p.returncode == 0, out + err[-3000:]
-        coord_log = (tmp_path / exp / "log" / "coordinator.log").read_text()
+        coord_log = (tmp_path / exp / "latest" / "log" / "coordinator.log").read_text()
         assert "Traceback" not in coord_log, coord_log[-3000:]
         assert "heartbeat checks paused" in coord_log
     finally:
@@ -55,7 +55,7 @@ def test_redis_restarted_empty_is_reported_clearly(tmp_path):
         conn.flushall()  # what a restart without persistence looks like to clients
         out, err = p.communicate(timeout=120)
         assert p.returncode == 1, out + err[-3000:]
-        log = (tmp_path / exp / "log" / "coordinator.log").read_text()
+        log = (tmp_path / exp / "latest" / "log" / "coordinator.log").read_text()
         assert "Redis lost the state of experiment" in log or "lost its consumer group" in log, log[-2000:]
     finally:
         server.stop()
