@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the run's name (its folder and Redis keys); default: the newest unfinished run of this "
                          "exp_name and seed in Redis (a restart), else a new one, UTC time and seed "
                          "(e.g. 20261130T021500Z-s1)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue run --run-name: from Redis if it is unfinished there, else from its run folder "
+                         "(ckpt/latest.pth, resume.json, evals.jsonl)")
     ap.add_argument("--allow-eviction", action="store_true",
                     help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     ap.add_argument("--fresh", action="store_true",
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1
     try:
-        return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh, run_name=args.run_name).run()
+        return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh, run_name=args.run_name,
+                           resume=args.resume).run()
     except CoordinatorError as e:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1

@@ -24,6 +24,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     from coordinator.launcher import Launcher
 
     cfg = _load(args.config, args.overrides, args.seed)
+    run_dir = None
+    if args.resume:
+        if args.name:
+            raise ConfigError("--resume continues a run under its own name: give --resume or --name, not both")
+        try:
+            run_dir = runs.find_run_dir(Path("."), cfg.exp_name, args.resume)
+        except ValueError as e:
+            raise ConfigError(f"--resume: {e}") from None
+        point = run_dir / "resume.json"
+        if not point.is_file():
+            raise ConfigError(f"--resume: {point} does not exist: the run saved no learner checkpoint to resume from")
+        seed = int(json.loads(point.read_text())["seed"])
+        if args.seed is not None and args.seed != seed:
+            raise ConfigError(f"--resume: the run was started with seed {seed}, not --seed {args.seed}")
+        args.seed = seed
+        cfg = _load(args.config, args.overrides, seed)
     # Env spaces against policy.model before anything is launched (fails in one line).
     spaces.check_model(cfg, spaces.probe(cfg))
     if cfg.policy.cuda is True:  # the learner runs here: no CUDA here means it would fail at start
@@ -40,11 +56,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     coord_args.append(f"--set=commander.collector_task_space={args.collectors}")
     if args.allow_eviction:
         coord_args.append("--allow-eviction")
-    try:
-        run_dir = runs.reserve_run_dir(Path("."), cfg.exp_name, int(cfg.seed), args.name)
-    except ValueError as e:
-        raise ConfigError(f"--name: {e}") from None
-    print(f"run {run_dir.parent.name}/{run_dir.name}: files in {run_dir}/", file=sys.stderr)
+    if run_dir is not None:
+        coord_args.append("--resume")
+    else:
+        try:
+            run_dir = runs.reserve_run_dir(Path("."), cfg.exp_name, int(cfg.seed), args.name)
+        except ValueError as e:
+            raise ConfigError(f"--name: {e}") from None
+    print(f"run {cfg.exp_name}/{run_dir.name}{' (resumed)' if args.resume else ''}: files in "
+          f"{Path(cfg.exp_name) / run_dir.name}/", file=sys.stderr)
     return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name).run()
 
 
@@ -95,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--name", default=None,
                    help="the run's name: its folder ./EXP/NAME/ and Redis keys rqrl:EXP/NAME:* "
                         "(default: UTC time and seed, e.g. 20261130T021500Z-s1)")
+    t.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue a stopped or interrupted run (its folder ./EXP/RUN or its name RUN) from its last "
+                        "checkpoint, with its seed; e.g. with a larger budget: --set commander.max_env_step=...")
     t.add_argument("--allow-eviction", action="store_true",
                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -17,7 +17,9 @@
    task dead when its heartbeat key expires or RQ marks its job failed before it started
    (revoking its write lease, so a zombie cannot publish). Commander state, running tasks and
    the events' acks are written in one MULTI/EXEC, so a crash at any point neither loses nor
-   double-counts an event;
+   double-counts an event. Each new learner checkpoint (``rqrl:{exp}:ckpt:latest``) is also
+   copied to the run folder (``ckpt/latest.pth`` and ``resume.json``), so ``--resume`` can
+   continue the run after Redis lost it (:meth:`Coordinator._resume_from_folder`);
 3. on convergence sets the stop flag, waits (``commander.finish_timeout`` seconds) for the
    learner's final checkpoint, writes ``./{exp_name}/{run_name}/final.pt`` and ``summary.json``
    (the run folder; ``./{exp_name}/latest`` links to the newest run) and exits 0;
@@ -85,12 +87,17 @@ class Coordinator:
         out_dir: where the run folder ``{exp_name}/{run_name}/`` (logs, final.pt, summary.json) is written.
         fresh: start a new run even if an unfinished one of this name is in Redis.
         run_name: the run's name; None picks one (module docstring).
+        resume: continue run ``run_name``: from Redis when it is unfinished there, else from its
+            run folder (:meth:`_resume_from_folder`).
     """
 
     def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False,
-                 run_name: Optional[str] = None) -> None:
+                 run_name: Optional[str] = None, resume: bool = False) -> None:
+        if resume and (fresh or not run_name):
+            raise CoordinatorError("resuming needs the run's name and excludes --fresh")
         self.cfg = cfg
         self.fresh = fresh
+        self.resume_from_disk = resume
         self.conn = conn
         self.exp_name = cfg.exp_name
         self.run_name = run_name or self._pick_run_name()
@@ -127,6 +134,7 @@ class Coordinator:
         self._next_trim = 0.0
         self._new_evals: list[dict[str, Any]] = []  # eval results to store with the next _persist
         self.events_lost = ""  # how unread events were found trimmed, if they were
+        self._ckpt_on_disk = -1  # version (train_iter) of the checkpoint copied to the run folder
 
     # ------------------------------------------------------------------ lifecycle
     def _pick_run_name(self) -> str:
@@ -161,13 +169,18 @@ class Coordinator:
         if state_raw and run and not self.conn.exists(keys.stop(self.exp)) and not self.fresh:
             self._resume(json.loads(state_raw))
             return
+        if self.resume_from_disk:
+            self._resume_files()  # refuse before clearing anything
         stale = [k for k in self.conn.scan_iter(match=keys.all_keys_pattern(self.exp), count=1000) if k.decode() != key]
         if stale:
             self.conn.delete(*stale)
             self.log.info("cleared %d keys left by an earlier run of %s", len(stale), self.exp)
+        if self.resume_from_disk:
+            self._resume_from_folder()
+        else:
+            (self.out / "evals.jsonl").unlink(missing_ok=True)  # an earlier run's, as summary.json
         self.conn.set(keys.run(self.exp), self.run_id)
         self.conn.sadd(keys.runs(), self.exp)
-        (self.out / "evals.jsonl").unlink(missing_ok=True)  # an earlier run's, as summary.json
         streams.ensure_group(self.conn, keys.events(self.exp), keys.COORDINATOR_GROUP, start_id="0")
         self._persist(self.conn.pipeline(transaction=True)).execute()
 
@@ -196,6 +209,87 @@ class Coordinator:
             if start in (b"0-0", "0-0"):
                 break
         self._check_events_trimmed()
+
+    def _save_resume_point(self, state: Optional[dict[str, Any]] = None) -> None:
+        """Copy the learner's ``latest`` checkpoint to ``ckpt/latest.pth`` in the run folder when it is
+        newer than the copy there, and write ``resume.json`` beside it: the commander ``state``
+        (default: now), the run id, seed, start time and wall seconds, the checkpoint's train_iter
+        and the env steps the learner had consumed. One HGET when nothing changed."""
+        key = keys.ckpt(self.exp, "latest")
+        version = self.conn.hget(key, "version")
+        if version is None or int(version) == self._ckpt_on_disk:
+            return
+        got = blobstore.get_versioned(self.conn, key)
+        if got is None:
+            return
+        state = state if state is not None else self.commander.state_dict()
+        buffer_id = state.get("current_buffer_id")
+        consumed = int(self.conn.hget(keys.buffer_stats(self.exp, buffer_id), "env_steps") or 0) if buffer_id else 0
+        point = {"run_id": self.run_id, "seed": int(self.cfg.seed), "t0": self._t0,
+                 "wall_seconds": round(time.time() - self._t0, 3), "ckpt_train_iter": int(got[0]["version"]),
+                 "consumed_env_steps": consumed, "commander": state}
+        (self.out / "ckpt").mkdir(parents=True, exist_ok=True)
+        for path, data in ((self.out / "ckpt" / "latest.pth", got[1]), (self.out / "resume.json", json.dumps(point).encode())):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)  # a reader (or a crash) never finds half a file
+        self._ckpt_on_disk = int(got[0]["version"])
+
+    def _resume_files(self) -> tuple[Path, Path]:
+        """``resume.json`` and ``ckpt/latest.pth`` of the run folder.
+
+        Raises:
+            CoordinatorError: one of them is missing.
+        """
+        path, ckpt = self.out / "resume.json", self.out / "ckpt" / "latest.pth"
+        if not path.is_file() or not ckpt.is_file():
+            raise CoordinatorError(f"cannot resume {self.exp}: {path} or {ckpt} is missing (the run never saved a "
+                                   "learner checkpoint: policy.learn.learner.hook.save_ckpt_after_iter)")
+        return path, ckpt
+
+    def _resume_from_folder(self) -> None:
+        """Continue the run from its folder (``--resume`` when Redis no longer holds it unfinished).
+
+        Restored: the commander state of the last checkpoint copy (env steps, eval history, best
+        eval, seed counter, so the exploration schedule goes on where it was), the run id, the
+        wall clock (``t0`` moved by the pause), the learner checkpoint (weights, optimizer,
+        train_iter) as ``rqrl:{exp}:ckpt:latest`` with the learner task set to resume from it,
+        the env-step counters, and ``evals.jsonl`` into ``rqrl:{exp}:evals``. Not restored: the
+        replay buffer (it lived in the learner's memory; collectors refill it to
+        ``replay_start_size`` first), step data and tasks in flight, and training after the last
+        checkpoint (at most ``save_ckpt_after_iter`` train iterations).
+
+        Raises:
+            CoordinatorError: the folder holds no ``resume.json`` / ``ckpt/latest.pth``.
+        """
+        path, ckpt = self._resume_files()
+        point = json.loads(path.read_text())
+        state, version, consumed = point["commander"], int(point["ckpt_train_iter"]), int(point["consumed_env_steps"])
+        t0 = time.time() - float(point["wall_seconds"])
+        shift = t0 - float(point["t0"])  # eval times move with the clock, so eval_interval counts run time
+        for ev in state["evaluator_info"]:
+            ev["time"] = float(ev.get("time", point["t0"])) + shift
+        state["last_eval"]["time"] = float(state["last_eval"]["time"]) + shift
+        for name in ("collector_task_space", "learner_task_space"):
+            state[name]["cur"] = state[name]["min_val"]  # no task of the old run is running
+        state.update(eval_in_flight=None, eval_own_slot=False, confirm=None, end_flag=False, final_task=None,
+                     resume_learner=True, learner_info=[{"train_iter": version, "collector_envstep": consumed}])
+        self.commander.load_state_dict(state)
+        self.run_id, self._t0, self._ckpt_on_disk = point["run_id"], t0, version
+        blobstore.put_versioned(self.conn, keys.ckpt(self.exp, "latest"), ckpt.read_bytes(), version,
+                                meta={"train_iter": version, "ts": round(time.time(), 3), "format": "torch"})
+        pipe = self.conn.pipeline(transaction=True)
+        pipe.set(keys.envstep(self.exp), consumed)
+        if state.get("current_buffer_id"):
+            pipe.hset(keys.buffer_stats(self.exp, state["current_buffer_id"]), "env_steps", consumed)
+        evals = self.out / "evals.jsonl"
+        lines = [ln for ln in evals.read_text().splitlines() if ln.strip()] if evals.is_file() else []
+        if lines:
+            pipe.rpush(keys.evals(self.exp), *lines)
+        pipe.execute()
+        self.resumed = True
+        self.log.info("resuming run %s of %s from %s: train iter %d, %d env steps, %d evals", self.run_id, self.exp,
+                      self.out, version, self.commander.total_envstep, len(lines))
 
     def _persist(self, pipe: redis.client.Pipeline) -> redis.client.Pipeline:
         """Queue the commander state and the running tasks changed since the last call on ``pipe``
@@ -276,6 +370,7 @@ class Coordinator:
             if now >= self._next_summary:
                 self._next_summary = now + 1.0
                 self._write_summary()
+                self._save_resume_point()
             if now >= self._next_trim:
                 self._next_trim = now + _TRIM_EVERY_S
                 self._trim_events()
@@ -523,6 +618,7 @@ class Coordinator:
         self.log.info("stopping: %s", reason)
         # The learner's finish resets the commander's run state (as the seed); keep the figures.
         cm = self.commander
+        resume_state = cm.state_dict()  # what --resume continues from (with the learner's last checkpoint)
         last = cm.last_eval or {}
         self._evals_at_stop = [dict(e) for e in getattr(cm, "evaluations", [])]
         final_task = getattr(cm, "final_eval_task", None)
@@ -558,6 +654,7 @@ class Coordinator:
         # line of `rqrl train` ends with the summary's numbers).
         self._at_stop["train_iter"] = max(int(self._at_stop["train_iter"]), self.learner_last["train_iter"])
         self._at_stop["envstep"] = max(int(self._at_stop["envstep"]), self.learner_last["envstep"])
+        self._best_effort("copy the last checkpoint to the run folder", self._save_resume_point, resume_state)
         final = self._export_final()
         learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
         if self.events_lost:

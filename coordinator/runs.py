@@ -53,6 +53,23 @@ def reserve_run_dir(out_dir: Path, exp_name: str, seed: int, name: Optional[str]
     raise ValueError(f"no free run name under {exp_dir} for {base}")
 
 
+def find_run_dir(out_dir: Path, exp_name: str, ref: str) -> Path:
+    """The folder of an existing run of ``exp_name``: ``ref`` is its path (``./EXP/RUN``, or
+    ``./EXP/latest``) or its name under ``out_dir/exp_name``; links are resolved.
+
+    Raises:
+        ValueError: no such folder, or it is not a run of ``exp_name`` (``out_dir/exp_name/RUN``).
+    """
+    exp_dir = (out_dir / exp_name).resolve()
+    path = Path(ref) if Path(ref).is_dir() else out_dir / exp_name / ref
+    if not path.is_dir():
+        raise ValueError(f"no run folder {ref!r} (nor {out_dir / exp_name / ref})")
+    path = path.resolve()
+    if path.parent != exp_dir:
+        raise ValueError(f"{path} is not a run of experiment {exp_name!r} (its runs are in {exp_dir}/)")
+    return path
+
+
 def link_latest(exp_dir: Path, run_name: str) -> None:
     """Point ``exp_dir/latest`` at ``run_name`` (a relative symlink, replaced atomically)."""
     tmp = exp_dir / f".latest.{os.getpid()}"
