@@ -1,4 +1,4 @@
-"""The ``rqrl`` command: ``train``, ``status``, ``config show``, ``eval``, ``curve``, ``clean``."""
+"""The ``rqrl`` command: ``train``, ``sweep``, ``status``, ``config show``, ``eval``, ``curve``, ``clean``."""
 
 from __future__ import annotations
 
@@ -68,6 +68,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name).run()
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from coordinator.sweep import Sweep, parse_seeds
+
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    cfg = _load(args.config, args.overrides, seeds[0])
+    spaces.check_model(cfg, spaces.probe(cfg))
+    collectors = args.collectors if args.collectors is not None else 2 * len(seeds)
+    if collectors < 1 or args.eval_episodes < 0:
+        raise ConfigError("--collectors must be >= 1 and --eval-episodes >= 0")
+    coord_args = [f"--set={o}" for o in args.overrides] + (["--allow-eviction"] if args.allow_eviction else [])
+    sweep = Sweep(cfg, args.config, args.redis_url, collectors, coord_args, seeds, args.eval_episodes)
+    code = sweep.run()
+    if code > 128:  # interrupted: no table of half-finished runs
+        return code
+    sweep.report()
+    return code
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from coordinator.status import run_status
 
@@ -123,6 +144,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set policy.learn.batch_size=128")
     t.set_defaults(func=cmd_train)
+
+    w = sub.add_parser("sweep", help="the seeds of one config as concurrent runs on one Redis and worker fleet; "
+                                     "then a table and a plot across seeds")
+    w.add_argument("config", help="config file (see deploy/configs/)")
+    w.add_argument("--seeds", required=True, help="e.g. 0-4, or 1,3,7")
+    w.add_argument("--collectors", type=int, default=None,
+                   help="collector tasks at once across the sweep (default 2 per seed); each run gets an equal share "
+                        "(at least 1); one more collector worker starts for evaluation")
+    w.add_argument("--eval-episodes", type=int, default=20,
+                   help="episodes to re-evaluate each run's final.pt on, with fresh seeds (default 20; 0: none)")
+    w.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
+    w.add_argument("--allow-eviction", action="store_true",
+                   help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
+    w.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run, e.g. --set env.stop_value=150")
+    w.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("status", help="queues, workers, tasks, throughput and last eval, read from Redis")
     s.add_argument("--redis-url", default=None, help=url_help)

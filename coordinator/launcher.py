@@ -148,7 +148,9 @@ class Launcher:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def _run(self) -> int:
+    def _prepare(self) -> tuple[str, dict[str, str], redis.Redis]:
+        """Start the private Redis (when no URL was given) and check it; returns its URL, the
+        children's environment and a connection."""
         url = self.redis_url
         if url is None:
             self.embedded = EmbeddedRedis().start()
@@ -163,6 +165,14 @@ class Launcher:
         conn = connect_checked(url)
         for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
             print(f"warning: {warning}", file=sys.stderr)
+        return url, env, conn
+
+    def _namespaces(self) -> list[str]:
+        """The runs this launcher started (their stop flags are set on the way out)."""
+        return [self.ns]
+
+    def _run(self) -> int:
+        url, env, conn = self._prepare()
         config_path = str(Path(self.config_path).resolve())
         self._spawn("coordinator", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
                                     "--run-name", self.run_name, *self.coordinator_args], env)
@@ -239,7 +249,8 @@ class Launcher:
         if url is not None:
             try:
                 c = connect(url, socket_timeout=2)
-                c.set(keys.stop(self.ns), "rqrl train is exiting", nx=True)
+                for ns in self._namespaces():
+                    c.set(keys.stop(ns), "rqrl is exiting", nx=True)
             except (redis.RedisError, ValueError):
                 pass
         for proc in self.children.values():
