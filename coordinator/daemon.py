@@ -8,8 +8,9 @@
    :func:`common.keys.namespace`). The run name is given (``--run-name``; ``rqrl train`` always
    gives one) or, by default, that of the newest unfinished run of this experiment and seed in
    Redis (a coordinator restarted after a crash), else a new one, ``{UTC time}-s{seed}``
-   (:func:`new_run_name`). If an unfinished run of that name is in Redis it resumes it: commander state and running tasks from Redis, un-acked events reclaimed
-   with XAUTOCLAIM, running tasks adopted rather than duplicated. Otherwise (or with
+   (:func:`coordinator.runs.new_run_name`). If an unfinished run of that name is in Redis it
+   resumes it: commander state and running tasks from Redis, un-acked events reclaimed with
+   XAUTOCLAIM, running tasks adopted rather than duplicated. Otherwise (or with
    ``fresh=True``) it clears what an earlier run left and stamps a new run id;
 2. loops: enqueue every task the commander hands out (job id = task id, explicit
    ``job_timeout``), read worker events from ``rqrl:{exp}:events`` through consumer group
@@ -177,8 +178,9 @@ class Coordinator:
             self.log.info("cleared %d keys left by an earlier run of %s", len(stale), self.exp)
         if self.resume_from_disk:
             self._resume_from_folder()
-        else:
-            (self.out / "evals.jsonl").unlink(missing_ok=True)  # an earlier run's, as summary.json
+        else:  # what an earlier run of this name left (as summary.json, which is rewritten)
+            for old in (self.out / "evals.jsonl", self.out / "resume.json", self.out / "ckpt" / "latest.pth"):
+                old.unlink(missing_ok=True)
         self.conn.set(keys.run(self.exp), self.run_id)
         self.conn.sadd(keys.runs(), self.exp)
         streams.ensure_group(self.conn, keys.events(self.exp), keys.COORDINATOR_GROUP, start_id="0")

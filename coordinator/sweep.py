@@ -250,8 +250,11 @@ class Sweep(Launcher):
 
     def report(self) -> dict[str, Any]:
         """Re-evaluate each final.pt, write sweep.json / sweep.md / sweep.png; returns sweep.json's content."""
+        import torch
+
         from coordinator.evaluate import EvalError, evaluate_checkpoint
 
+        torch.set_num_threads(1)  # one observation at a time (as rqrl eval): threads only add overhead
         rows, curves = [], {}
         for s, run_name in self.run_names.items():
             run_dir = self.out_dir / self.cfg.exp_name / run_name
@@ -264,6 +267,8 @@ class Sweep(Launcher):
                    "reeval_episodes": 0}
             final = run_dir / "final.pt"
             if self.eval_episodes > 0 and final.is_file():
+                print(f"re-evaluating seed {s}'s final.pt on {self.eval_episodes} fresh episodes ...", file=sys.stderr,
+                      flush=True)
                 try:
                     res = evaluate_checkpoint(final, episodes=self.eval_episodes, seed=REEVAL_SEED_BASE + 1000 * s)
                     row.update(reeval_mean=res.mean, reeval_std=res.std, reeval_episodes=len(res.returns))
