@@ -316,7 +316,7 @@ class Coordinator:
 
     def _keep_alive(self) -> None:
         if not self.conn.exists(keys.run(self.exp)):
-            raise CoordinatorError(f"Redis lost the state of experiment {self.exp!r} (key {keys.run(self.exp)} is gone): "
+            raise CoordinatorError(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
                                    "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
         try:
             # Re-set the full TTL; fails atomically when the key expired or another coordinator holds it.
