@@ -75,6 +75,13 @@ def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` through a temporary file and a rename: a reader (or a crash) never finds half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
 class CoordinatorError(RuntimeError):
     """The coordinator cannot run (e.g. another one owns the run)."""
 
@@ -214,28 +221,28 @@ class Coordinator:
 
     def _save_resume_point(self, state: Optional[dict[str, Any]] = None) -> None:
         """Copy the learner's ``latest`` checkpoint to ``ckpt/latest.pth`` in the run folder when it is
-        newer than the copy there, and write ``resume.json`` beside it: the commander ``state``
-        (default: now), the run id, seed, start time and wall seconds, the checkpoint's train_iter
-        and the env steps the learner had consumed. One HGET when nothing changed."""
+        newer than the copy there, and write ``resume.json`` beside it: the commander state, the run
+        id, seed, start time and wall seconds, the checkpoint's train_iter and the env steps the
+        learner had consumed. One HGET when nothing changed. With ``state`` (the commander's state
+        at the stop) ``resume.json`` is rewritten even when the checkpoint is the same."""
         key = keys.ckpt(self.exp, "latest")
         version = self.conn.hget(key, "version")
-        if version is None or int(version) == self._ckpt_on_disk:
+        if version is None or (int(version) == self._ckpt_on_disk and state is None):
             return
-        got = blobstore.get_versioned(self.conn, key)
-        if got is None:
-            return
+        (self.out / "ckpt").mkdir(parents=True, exist_ok=True)
+        if int(version) != self._ckpt_on_disk:
+            got = blobstore.get_versioned(self.conn, key)
+            if got is None:
+                return
+            _write_atomic(self.out / "ckpt" / "latest.pth", got[1])
+            self._ckpt_on_disk = int(got[0]["version"])
         state = state if state is not None else self.commander.state_dict()
         buffer_id = state.get("current_buffer_id")
         consumed = int(self.conn.hget(keys.buffer_stats(self.exp, buffer_id), "env_steps") or 0) if buffer_id else 0
         point = {"run_id": self.run_id, "seed": int(self.cfg.seed), "t0": self._t0,
-                 "wall_seconds": round(time.time() - self._t0, 3), "ckpt_train_iter": int(got[0]["version"]),
+                 "wall_seconds": round(time.time() - self._t0, 3), "ckpt_train_iter": self._ckpt_on_disk,
                  "consumed_env_steps": consumed, "commander": state}
-        (self.out / "ckpt").mkdir(parents=True, exist_ok=True)
-        for path, data in ((self.out / "ckpt" / "latest.pth", got[1]), (self.out / "resume.json", json.dumps(point).encode())):
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)  # a reader (or a crash) never finds half a file
-        self._ckpt_on_disk = int(got[0]["version"])
+        _write_atomic(self.out / "resume.json", json.dumps(point).encode())
 
     def _resume_files(self) -> tuple[Path, Path]:
         """``resume.json`` and ``ckpt/latest.pth`` of the run folder.
@@ -459,9 +466,7 @@ class Coordinator:
         if got is None:
             return  # the eval task's blob is not there (an older worker version): nothing to copy
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "best.pt.tmp"
-        tmp.write_bytes(got[1])
-        tmp.replace(self.out / "best.pt")  # readers never see half a file
+        _write_atomic(self.out / "best.pt", got[1])
         self._best_written = best["task_id"]
         self.log.info("best.pt: policy version %s, eval reward_mean %.2f", best["policy_version"], best["reward_mean"])
 
