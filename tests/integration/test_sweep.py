@@ -34,6 +34,7 @@ def test_sweep_of_two_seeds_on_one_redis_and_fleet(tmp_path, real_redis, redis_s
     res = run_rqrl("sweep", CONFIG, "--seeds", "1-2", "--collectors", "2", "--eval-episodes", "3",
                    "--redis-url", redis_server.url, "--set", f"exp_name={exp}", "--set", "env.stop_value=100000",
                    "--set", "commander.max_env_step=700", "--set", "commander.eval_every_train_iter=50",
+                   "--set", "commander.eval_interval=2.0",
                    "--set", "policy.collect.collector.task_env_steps=200", "--set", "commander.max_wall_seconds=120",
                    cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]  # both used up their budget: results, not failures
