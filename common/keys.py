@@ -1,6 +1,7 @@
 """Every Redis key rqrl uses, built in one place so ``redis-cli`` users and the code agree.
 
-Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
+Layout (``{exp}`` is a run's namespace, ``{exp_name}/{run_name}``: see :func:`namespace`; a task
+built by hand without ``run_name`` uses ``{exp_name}`` alone)::
 
     rq:queue:collector, rq:queue:learner     RQ queues (names below; RQ builds the keys)
     rqrl:{exp}:events                        stream: worker events -> coordinator (trimmed by the coordinator, only what it read)
@@ -21,7 +22,7 @@ Layout (``{exp}`` is the experiment name, ``exp_name`` in the config)::
     rqrl:{exp}:task:{task_id}:heartbeat      string with a TTL, refreshed by a running task
     rqrl:{exp}:task:{task_id}:evaluated      hash (TTL): the final.pt bundle an eval task played
     rqrl:{exp}:learner_group:{group_id}      list (TTL): rank 0's rendezvous address, one copy per other rank
-    rqrl:experiments                         set of experiment names seen by coordinators
+    rqrl:runs                                set of run namespaces (``{exp_name}/{run_name}``) seen by coordinators
 """
 
 from __future__ import annotations
@@ -42,14 +43,38 @@ def _check(name: str, value: str) -> str:
     return value
 
 
+def namespace(exp_name: str, run_name: str = "") -> str:
+    """The key namespace of one run, ``{exp_name}/{run_name}``: the one place that decides it.
+
+    It is also the run folder's path relative to the output directory (``./{exp_name}/{run_name}/``),
+    so workers writing logs under ``./{namespace}/log`` land in the run folder. An empty
+    ``run_name`` (tasks built by hand, tests) gives the experiment name alone.
+
+    Raises:
+        ValueError: an empty or ill-formed component; ``run_name`` must not contain ``/``.
+    """
+    _check("exp_name", exp_name)
+    if not run_name:
+        return exp_name
+    if "/" in run_name:
+        raise ValueError(f"run_name {run_name!r} must not contain '/'")
+    return f"{exp_name}/{_check('run_name', run_name)}"
+
+
+def split_namespace(ns: str) -> tuple[str, str]:
+    """``(exp_name, run_name)`` of a namespace made by :func:`namespace` (run_name "" when none)."""
+    exp_name, sep, run_name = ns.rpartition("/")
+    return (exp_name, run_name) if sep else (ns, "")
+
+
 def exp_prefix(exp: str) -> str:
-    """``rqrl:{exp}`` — the prefix every key of one experiment shares."""
+    """``rqrl:{exp}`` — the prefix every key of one run (namespace ``exp``) shares."""
     return f"{PREFIX}:{_check('exp_name', exp)}"
 
 
-def experiments() -> str:
-    """Set of experiment names, so ``rqrl status`` can list them."""
-    return f"{PREFIX}:experiments"
+def runs() -> str:
+    """Set of run namespaces, so ``rqrl status`` can list runs."""
+    return f"{PREFIX}:runs"
 
 
 def events(exp: str) -> str:
@@ -148,6 +173,11 @@ def learner_group(exp: str, group_id: str) -> str:
     return f"{exp_prefix(exp)}:learner_group:{_check('group_id', group_id)}"
 
 
+def runs_keys_pattern(exp_name: str) -> str:
+    """SCAN pattern matching every key of every run of experiment ``exp_name`` (``rqrl:{exp_name}/*``)."""
+    return f"{exp_prefix(exp_name)}/*"
+
+
 def all_keys_pattern(exp: str) -> str:
-    """SCAN pattern matching every key of one experiment."""
+    """SCAN pattern matching every key of one namespace (one run; not the runs below an experiment)."""
     return f"{exp_prefix(exp)}:*"

@@ -1,11 +1,11 @@
-"""``python -m coordinator CONFIG [--redis-url URL] [--seed S] [--set KEY=VALUE ...]``."""
+"""``python -m coordinator CONFIG [--redis-url URL] [--seed S] [--run-name NAME] [--set KEY=VALUE ...]``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from common import spaces
+from common import keys, spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable, connect_checked
 
@@ -18,11 +18,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="override the config's seed")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set policy.learn.batch_size=128 (repeatable)")
-    ap.add_argument("--out-dir", default=".", help="where {exp_name}/ is written (default: current directory)")
+    ap.add_argument("--out-dir", default=".",
+                    help="where the run folder {exp_name}/{run_name}/ is written (default: current directory)")
+    ap.add_argument("--run-name", default=None,
+                    help="the run's name (its folder and Redis keys); default: the newest unfinished run of this "
+                         "exp_name and seed in Redis (a restart), else a new one, UTC time and seed "
+                         "(e.g. 20261130T021500Z-s1)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue run --run-name: from Redis if it is unfinished there, else from its run folder "
+                         "(ckpt/latest.pth, resume.json, evals.jsonl)")
     ap.add_argument("--allow-eviction", action="store_true",
                     help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     ap.add_argument("--fresh", action="store_true",
-                    help="start a new run even if an unfinished run of this experiment is in Redis (default: resume it)")
+                    help="start a new run even if an unfinished run of this experiment and seed is in Redis "
+                         "(default: resume it)")
     args = ap.parse_args(argv)
     try:
         cfg = load_config(args.config)
@@ -30,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         if overrides:
             cfg = apply_overrides(cfg, overrides)
         spaces.check_model(cfg, spaces.probe(cfg))  # model shapes from the env; tasks carry them
+        if args.run_name is not None:
+            try:
+                keys.namespace(cfg.exp_name, args.run_name)
+            except ValueError as e:
+                raise ConfigError(f"--run-name: {e}") from None
     except (ConfigError, spaces.SpaceError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 1
@@ -56,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1
     try:
-        return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh).run()
+        return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh, run_name=args.run_name,
+                           resume=args.resume).run()
     except CoordinatorError as e:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1

@@ -1,15 +1,17 @@
-"""``rqrl clean``: list, then (with ``--yes``) delete everything one experiment left in Redis.
+"""``rqrl clean``: list, then (with ``--yes``) delete everything one run or experiment left in Redis.
 
-What belongs to experiment ``EXP``:
+``EXP`` is one run's namespace (``EXP_NAME/RUN_NAME``, common/keys.py) or an experiment name
+(then every run of it). What belongs to ``EXP``:
 
-* every key matching ``rqrl:EXP:*`` (``common.keys.all_keys_pattern``), found with SCAN;
+* every key matching ``rqrl:EXP:*`` (``common.keys.all_keys_pattern``) and, for an
+  experiment, ``rqrl:EXP/*`` (its runs), found with SCAN;
 * every RQ job in the ``collector`` / ``learner`` queues and their registries (started,
-  finished, failed, deferred, scheduled, canceled) whose task dict (``job.args[0]``) has
-  ``exp_name == EXP``;
-* the name ``EXP`` in the set ``rqrl:experiments``.
+  finished, failed, deferred, scheduled, canceled) whose task dict (``job.args[0]``) belongs
+  to such a run (its ``exp_name`` and ``run_name``);
+* those runs' names in the set ``rqrl:runs``.
 
-Without ``--yes`` nothing is touched (a dry run). Deleting is refused while the experiment's
-coordinator is alive (key ``rqrl:EXP:coordinator`` exists) unless ``--force``. Jobs still
+Without ``--yes`` nothing is touched (a dry run). Deleting is refused while a coordinator of
+those runs is alive (key ``rqrl:{run}:coordinator`` exists) unless ``--force``. Jobs still
 running on a worker are sent RQ's stop-job command before their keys go.
 
 Reading job arguments unpickles RQ payloads, exactly as ``rq info`` and every worker do: only
@@ -62,13 +64,14 @@ class Plan:
     exp: str
     keys: list[KeyInfo] = field(default_factory=list)
     jobs: list[JobInfo] = field(default_factory=list)
-    in_experiments_set: bool = False
-    coordinator: str = ""  # the live coordinator's name, "" when none
+    listed: list[str] = field(default_factory=list)  # its runs' namespaces in rqrl:runs
+    coordinator: str = ""  # the live coordinators' names (", "-joined), "" when none
+    coordinator_keys: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not self.keys and not self.jobs and not self.in_experiments_set
+        return not self.keys and not self.jobs and not self.listed
 
 
 def _count(conn: Any, key: bytes, typ: str) -> int:
@@ -78,15 +81,27 @@ def _count(conn: Any, key: bytes, typ: str) -> int:
 
 
 def _job_exp(job: Any) -> Optional[str]:
+    """The namespace of the job's run (common/keys.py), None when the job is not an rqrl task."""
+    from common import keys
+
     args = job.args  # unpickles the payload (see module docstring)
     if args and isinstance(args[0], dict):
-        name = args[0].get("exp_name")
-        return name if isinstance(name, str) else None
+        name, run = args[0].get("exp_name"), args[0].get("run_name", "")
+        try:
+            return keys.namespace(name, run)
+        except (ValueError, TypeError):
+            return None
     return None
 
 
+def _belongs(ns: Optional[str], exp: str) -> bool:
+    """Run namespace ``ns`` is ``exp`` itself or a run of experiment ``exp``."""
+    return ns is not None and (ns == exp or ns.startswith(exp + "/"))
+
+
 def find_jobs(conn: Any, exp: str, warnings: Optional[list[str]] = None) -> list[JobInfo]:
-    """RQ jobs of ``exp`` in the ``collector`` / ``learner`` queues and their registries."""
+    """RQ jobs of ``exp`` (a run, or every run of an experiment) in the ``collector`` / ``learner``
+    queues and their registries."""
     from rq import Queue
     from rq.job import Job
 
@@ -112,7 +127,7 @@ def find_jobs(conn: Any, exp: str, warnings: Optional[list[str]] = None) -> list
                 if warnings is not None:
                     warnings.append(f"job {jid} in queue {qname}: cannot read its arguments ({type(e).__name__}); left alone")
                 continue
-            if owner == exp:
+            if _belongs(owner, exp):
                 status = job.get_status(refresh=False)
                 found.append(JobInfo(qname, jid, places[jid], str(getattr(status, "value", status) or "?"),
                                      job.description or ""))
@@ -128,8 +143,8 @@ def plan(conn: Any, exp: str) -> Plan:
     from common import keys
 
     p = Plan(exp)
-    pattern = keys.all_keys_pattern(exp)  # validates the name
-    names = sorted(set(conn.scan_iter(match=pattern, count=1000)))
+    names = sorted(set(conn.scan_iter(match=keys.all_keys_pattern(exp), count=1000))  # validates the name
+                   | set(conn.scan_iter(match=keys.runs_keys_pattern(exp), count=1000)))
     if names:
         pipe = conn.pipeline(transaction=False)
         for k in names:
@@ -144,9 +159,14 @@ def plan(conn: Any, exp: str) -> Plan:
             ttl = replies[2 * i + 1]
             p.keys.append(KeyInfo(k.decode(), typ, _count(conn, k, typ), round(ttl / 1000, 1) if ttl and ttl > 0 else None))
     p.jobs = find_jobs(conn, exp, p.warnings)
-    p.in_experiments_set = bool(conn.sismember(keys.experiments(), exp))
-    owner = conn.get(keys.coordinator_alive(exp))
-    p.coordinator = owner.decode() if owner else ""
+    p.listed = [n.decode() for n in sorted(conn.smembers(keys.runs())) if _belongs(n.decode(), exp)]
+    owners = []
+    for ns in sorted({exp, *p.listed}):
+        owner = conn.get(keys.coordinator_alive(ns))
+        if owner:
+            owners.append(owner.decode())
+            p.coordinator_keys.append(keys.coordinator_alive(ns))
+    p.coordinator = ", ".join(owners)
     return p
 
 
@@ -154,10 +174,10 @@ def render(p: Plan) -> str:
     """The plan as text: one line per key and per job."""
     from common import keys
 
-    lines = [f"experiment {p.exp}: {len(p.keys)} keys, {len(p.jobs)} RQ jobs"
-             + (f"; listed in {keys.experiments()}" if p.in_experiments_set else "")]
+    lines = [f"{p.exp}: {len(p.keys)} keys, {len(p.jobs)} RQ jobs"
+             + (f"; runs listed in {keys.runs()}: {', '.join(p.listed)}" if p.listed else "")]
     if p.coordinator:
-        lines.append(f"coordinator ALIVE: {p.coordinator} (key {keys.coordinator_alive(p.exp)})")
+        lines.append(f"coordinator ALIVE: {p.coordinator} (key {', '.join(p.coordinator_keys)})")
     if p.keys:
         w = max(len(k.key) for k in p.keys)
         lines.append(f"{'KEY':<{w}}  {'TYPE':<6}  SIZE")
@@ -185,7 +205,7 @@ def _drop_entry(conn: Any, registry: Any, label: str, job_id: str) -> None:
 
 
 def delete(conn: Any, p: Plan) -> dict[str, int]:
-    """Delete what ``p`` lists: stop running jobs, delete jobs, keys, and the experiments-set entry.
+    """Delete what ``p`` lists: stop running jobs, delete jobs, keys, and the runs' entries in ``rqrl:runs``.
 
     Returns:
         counts ``{"keys": n, "jobs": n, "stopped": n}``.
@@ -217,17 +237,19 @@ def delete(conn: Any, p: Plan) -> dict[str, int]:
     deleted = 0
     for i in range(0, len(names), 1000):
         deleted += int(conn.delete(*names[i:i + 1000]))
-    conn.srem(keys.experiments(), p.exp)
+    if p.listed:
+        conn.srem(keys.runs(), *p.listed)
     return {"keys": deleted, "jobs": jobs, "stopped": stopped}
 
 
 # ---------------------------------------------------------------------------- CLI
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--exp", required=True, help="experiment name (exp_name in the config)")
+    ap.add_argument("--exp", required=True,
+                    help="a run, EXP/RUN (as rqrl status lists it), or an experiment EXP (exp_name: all its runs)")
     ap.add_argument("--redis-url", default=None,
                     help="redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)")
     ap.add_argument("--yes", action="store_true", help="really delete (default: a dry run that only lists)")
-    ap.add_argument("--force", action="store_true", help="delete even while the experiment's coordinator is alive")
+    ap.add_argument("--force", action="store_true", help="delete even while a coordinator of these runs is alive")
 
 
 def clean(conn: Any, exp: str, yes: bool = False, force: bool = False, out: Any = None) -> int:
@@ -241,11 +263,12 @@ def clean(conn: Any, exp: str, yes: bool = False, force: bool = False, out: Any 
         print(f"rqrl clean: error: {e}", file=sys.stderr)
         return 1
     if p.empty:
-        print(f"nothing to clean: no keys matching {keys.all_keys_pattern(exp)} and no RQ jobs of {exp}", file=out)
+        print(f"nothing to clean: no keys matching {keys.all_keys_pattern(exp)} or {keys.runs_keys_pattern(exp)} "
+              f"and no RQ jobs of {exp}", file=out)
         return 0
     print(render(p), file=out, flush=True)
     if p.coordinator and not force:
-        msg = (f"experiment {exp!r} has a live coordinator ({p.coordinator}, key {keys.coordinator_alive(exp)}); "
+        msg = (f"{exp!r} has a live coordinator ({p.coordinator}, key {', '.join(p.coordinator_keys)}); "
                "stop it first, or pass --force")
         if yes:
             print(f"rqrl clean: error: refusing to delete: {msg}", file=sys.stderr)
@@ -258,7 +281,7 @@ def clean(conn: Any, exp: str, yes: bool = False, force: bool = False, out: Any 
     counts = delete(conn, p)
     print(f"deleted {counts['keys']} keys and {counts['jobs']} RQ jobs of {exp}"
           + (f" (sent stop to {counts['stopped']} running)" if counts["stopped"] else "")
-          + f"; removed {exp} from {keys.experiments()}", file=out)
+          + (f"; removed {len(p.listed)} runs from {keys.runs()}" if p.listed else ""), file=out)
     return 0
 
 
@@ -281,7 +304,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="rqrl clean", description="List or delete one experiment's Redis keys and RQ jobs.")
+    ap = argparse.ArgumentParser(prog="rqrl clean",
+                                 description="List or delete one run's (or experiment's) Redis keys and RQ jobs.")
     add_arguments(ap)
     return run(ap.parse_args(argv))
 

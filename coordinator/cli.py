@@ -1,15 +1,17 @@
-"""The ``rqrl`` command: ``train``, ``status``, ``config show``, ``eval``, ``curve``, ``clean``."""
+"""The ``rqrl`` command: ``train``, ``sweep``, ``status``, ``config show``, ``eval``, ``curve``, ``clean``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from common import spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
+from coordinator import runs
 
 
 def _load(path: str, overrides: list[str], seed: int | None):
@@ -22,6 +24,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     from coordinator.launcher import Launcher
 
     cfg = _load(args.config, args.overrides, args.seed)
+    run_dir = None
+    if args.resume:
+        if args.name:
+            raise ConfigError("--resume continues a run under its own name: give --resume or --name, not both")
+        try:
+            run_dir = runs.find_run_dir(Path("."), cfg.exp_name, args.resume)
+        except ValueError as e:
+            raise ConfigError(f"--resume: {e}") from None
+        point = run_dir / "resume.json"
+        if not point.is_file():
+            raise ConfigError(f"--resume: {point} does not exist: the run saved no learner checkpoint to resume from")
+        seed = int(json.loads(point.read_text())["seed"])
+        if args.seed is not None and args.seed != seed:
+            raise ConfigError(f"--resume: the run was started with seed {seed}, not --seed {args.seed}")
+        args.seed = seed
+        cfg = _load(args.config, args.overrides, seed)
     # Env spaces against policy.model before anything is launched (fails in one line).
     spaces.check_model(cfg, spaces.probe(cfg))
     if cfg.policy.cuda is True:  # the learner runs here: no CUDA here means it would fail at start
@@ -37,7 +55,37 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--collectors must be >= 1")
     if args.allow_eviction:
         coord_args.append("--allow-eviction")
-    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args).run()
+    if run_dir is not None:
+        coord_args.append("--resume")
+    else:
+        try:
+            run_dir = runs.reserve_run_dir(Path("."), cfg.exp_name, int(cfg.seed), args.name)
+        except ValueError as e:
+            raise ConfigError(f"--name: {e}") from None
+    print(f"run {cfg.exp_name}/{run_dir.name}{' (resumed)' if args.resume else ''}: files in "
+          f"{Path(cfg.exp_name) / run_dir.name}/", file=sys.stderr)
+    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name).run()
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from coordinator.sweep import Sweep, parse_seeds
+
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    cfg = _load(args.config, args.overrides, seeds[0])
+    spaces.check_model(cfg, spaces.probe(cfg))
+    collectors = args.collectors if args.collectors is not None else 2 * len(seeds)
+    if collectors < 1 or args.eval_episodes < 0:
+        raise ConfigError("--collectors must be >= 1 and --eval-episodes >= 0")
+    coord_args = [f"--set={o}" for o in args.overrides] + (["--allow-eviction"] if args.allow_eviction else [])
+    sweep = Sweep(cfg, args.config, args.redis_url, collectors, coord_args, seeds, args.eval_episodes)
+    code = sweep.run()
+    if code > 128:  # interrupted: no table of half-finished runs
+        return code
+    sweep.report()
+    return code
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -97,15 +145,38 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--collectors", type=int, default=2, help="collector workers to start (default 2), plus one kept free for evaluation; "
                    "the run's collector tasks follow the live workers")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    t.add_argument("--name", default=None,
+                   help="the run's name: its folder ./EXP/NAME/ and Redis keys rqrl:EXP/NAME:* "
+                        "(default: UTC time and seed, e.g. 20261130T021500Z-s1)")
+    t.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue a stopped or interrupted run (its folder ./EXP/RUN or its name RUN) from its last "
+                        "checkpoint, with its seed; e.g. with a larger budget: --set commander.max_env_step=...")
     t.add_argument("--allow-eviction", action="store_true",
                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set policy.learn.batch_size=128")
     t.set_defaults(func=cmd_train)
 
+    w = sub.add_parser("sweep", help="the seeds of one config as concurrent runs on one Redis and worker fleet; "
+                                     "then a table and a plot across seeds")
+    w.add_argument("config", help="config file (see deploy/configs/)")
+    w.add_argument("--seeds", required=True, help="e.g. 0-4, or 1,3,7")
+    w.add_argument("--collectors", type=int, default=None,
+                   help="collector tasks at once across the sweep (default 2 per seed); each run gets an equal share "
+                        "(at least 1); one more collector worker starts for evaluation")
+    w.add_argument("--eval-episodes", type=int, default=20,
+                   help="episodes to re-evaluate each run's final.pt on, with fresh seeds (default 20; 0: none)")
+    w.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
+    w.add_argument("--allow-eviction", action="store_true",
+                   help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
+    w.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run, e.g. --set env.stop_value=150")
+    w.set_defaults(func=cmd_sweep)
+
     s = sub.add_parser("status", help="queues, workers, tasks, throughput and last eval, read from Redis")
     s.add_argument("--redis-url", default=None, help=url_help)
-    s.add_argument("--exp", default=None, help="experiment name (default: every experiment in this Redis)")
+    s.add_argument("--exp", default=None,
+                   help="an experiment (all its runs) or one run, EXP/RUN (default: every run in this Redis)")
     s.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
     s.add_argument("--json", action="store_true", help="print JSON for scripts")
     s.set_defaults(func=cmd_status)
@@ -128,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     curve.add_arguments(cu)
     cu.set_defaults(func=cmd_curve)
 
-    cl = sub.add_parser("clean", help="list (dry run) or delete (--yes) one experiment's Redis keys and RQ jobs")
+    cl = sub.add_parser("clean", help="list (dry run) or delete (--yes) one run's or experiment's Redis keys and RQ jobs")
     clean.add_arguments(cl)
     cl.set_defaults(func=cmd_clean)
     return ap

@@ -107,13 +107,17 @@ class SoloCommander(BaseCommander):
         tb_logger: optional SummaryWriter for the seed's ``collector_iter/...``,
             ``collector_step/...``, ``evaluator_iter/...``, ``evaluator_step/...`` scalars.
         run_id: stamped on every task so workers can drop tasks of an earlier run.
+        run_name: the run's name, stamped on every task: workers build the run's key namespace
+            from ``exp_name`` and it (:func:`common.keys.namespace`); "" = the experiment's own.
         clock: time source in seconds (injectable for tests).
     """
 
     def __init__(self, cfg: EasyDict, tb_logger: Any = None, logger: Any = None, run_id: str = "",
-                 clock: Any = time.time) -> None:
+                 clock: Any = time.time, run_name: str = "") -> None:
         self._cfg = cfg
         self._exp_name = cfg.exp_name
+        self._run_name = run_name
+        self._ns = keys.namespace(cfg.exp_name, run_name)
         self._commander_cfg = cfg.commander
         self._run_id = run_id
         self._clock = clock
@@ -190,7 +194,7 @@ class SoloCommander(BaseCommander):
             self._eval_own_slot = own_slot
             if self._confirm is not None:  # replay exactly the weights that passed, on fresh episodes
                 self._confirm["dispatched"] = task_id
-                extra = {"eval_policy_key": keys.evaluated_policy(self._exp_name, self._confirm["task_id"]),
+                extra = {"eval_policy_key": keys.evaluated_policy(self._ns, self._confirm["task_id"]),
                          "eval_episodes": int(self._commander_cfg.confirm_eval_episodes)}
             else:
                 self._last_eval = {"time": self._clock(), "train_iter": self.train_iter, "envstep": self.total_envstep}
@@ -201,6 +205,7 @@ class SoloCommander(BaseCommander):
             "task_type": "collector",
             "run_id": self._run_id,
             "exp_name": self._exp_name,
+            **({"run_name": self._run_name} if self._run_name else {}),
             "buffer_id": self._current_buffer_id,
             "policy_id": self._current_policy_id,
             "eval_flag": eval_flag,
@@ -234,6 +239,7 @@ class SoloCommander(BaseCommander):
             "task_type": "learner",
             "run_id": self._run_id,
             "exp_name": self._exp_name,
+            **({"run_name": self._run_name} if self._run_name else {}),
             "policy_id": self._current_policy_id,
             "buffer_id": self._current_buffer_id,
             "resume": resume,

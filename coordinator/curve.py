@@ -2,9 +2,11 @@
 
 * :func:`plot_curve` draws a list of eval points (what the coordinator keeps, or what
   :func:`evals_from_events` rebuilds from Redis) with :func:`build_figure` and saves it;
-* ``rqrl curve --exp NAME`` draws the curve of a run from ``rqrl:{exp}:evals`` (every eval result,
-  never capped; the coordinator also writes them to ``./{exp}/evals.jsonl``), or for a run
-  without that list from its ``rqrl:{exp}:events`` stream, saying so when that stream was trimmed.
+* ``rqrl curve --exp EXP[/RUN]`` draws the curve of a run (an experiment's newest one) from
+  ``rqrl:{exp}:evals`` (``{exp}`` = the run's namespace ``EXP/RUN``; every eval result, never
+  capped; the coordinator also writes them to the run folder's ``evals.jsonl``, which
+  ``--run-dir`` reads), or for a run without that list from its ``rqrl:{exp}:events`` stream,
+  saying so when that stream was trimmed.
 
 An eval point is a dict::
 
@@ -252,13 +254,15 @@ def events_trimmed(conn: Any, exp: str) -> str:
 
 # ---------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--exp", default=None, help="experiment name (exp_name in the config)")
+    p.add_argument("--exp", default=None,
+                   help="a run, EXP/RUN, or an experiment EXP (exp_name in the config: its newest run)")
     p.add_argument("--run-dir", default=None,
-                   help="a run's folder (./EXP after rqrl train): read its evals.jsonl, no Redis needed. "
-                        "Default when neither --redis-url nor $RQRL_REDIS_URL is given and ./EXP/evals.jsonl exists")
+                   help="a run's folder (./EXP/RUN, or ./EXP for its latest run): read its evals.jsonl, no Redis "
+                        "needed. Default when neither --redis-url nor $RQRL_REDIS_URL is given and ./EXP/latest "
+                        "(or ./EXP/RUN) holds evals.jsonl")
     p.add_argument("--redis-url", default=None,
                    help="redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)")
-    p.add_argument("--out", default=None, help="PNG to write (default: ./EXP/curve.png)")
+    p.add_argument("--out", default=None, help="PNG to write (default: the run folder's curve.png)")
     p.add_argument("--stop-value", type=float, default=None,
                    help="draw this stop value (default: the one in rqrl:EXP:commander, if any)")
 
@@ -270,10 +274,13 @@ def run(args: argparse.Namespace) -> int:
     from common import keys, streams
     from common.connection import connect, redact, resolve_url, scrub
 
-    run_dir = Path(args.run_dir) if args.run_dir else None
+    from coordinator.runs import newest_run, resolve_run_dir
+
+    run_dir = resolve_run_dir(Path(args.run_dir)) if args.run_dir else None
     if run_dir is None and args.exp and not (args.redis_url or os.environ.get("RQRL_REDIS_URL")) \
-            and (Path(args.exp) / "evals.jsonl").is_file():
-        run_dir = Path(args.exp)  # after `rqrl train`, whose private Redis is gone: the run folder has it all
+            and (resolve_run_dir(Path(args.exp)) / "evals.jsonl").is_file():
+        # after `rqrl train`, whose private Redis is gone: the run folder has it all
+        run_dir = resolve_run_dir(Path(args.exp))
     if run_dir is not None:
         try:
             points, t0, folder_stop = evals_from_folder(run_dir)
@@ -285,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         stop_value = args.stop_value if args.stop_value is not None else folder_stop
         return _draw(points, stop_value, Path(args.out) if args.out else run_dir / "curve.png", t0,
-                     args.exp or run_dir.name)
+                     f"{run_dir.parent.name}/{run_dir.name}")
     if not args.exp:
         print("rqrl curve: error: give --exp (with Redis) or --run-dir", file=sys.stderr)
         return 1
@@ -295,27 +302,29 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"rqrl curve: error: {e}", file=sys.stderr)
         return 1
+    ns = args.exp
     try:
         conn = connect(url, socket_timeout=10)
-        points, t0 = evals_from_list(conn, args.exp)
+        ns = newest_run(conn, args.exp) or args.exp  # an experiment's newest run, or the run named
+        points, t0 = evals_from_list(conn, ns)
         if not points:  # a run from before rqrl:{exp}:evals existed
-            points, t0 = evals_from_events(conn, args.exp)
-            trimmed = events_trimmed(conn, args.exp)
+            points, t0 = evals_from_events(conn, ns)
+            trimmed = events_trimmed(conn, ns)
             if trimmed:
                 print(f"rqrl curve: warning: {trimmed}", file=sys.stderr)
         stop_value = args.stop_value
         if stop_value is None:
-            summary = streams.decode_fields(conn.hgetall(keys.commander(args.exp)))
+            summary = streams.decode_fields(conn.hgetall(keys.commander(ns)))
             sv = summary.get("stop_value")
             stop_value = float(sv) if isinstance(sv, (int, float)) and not isinstance(sv, bool) else None
     except (redis.RedisError, ValueError) as e:
-        print(f"rqrl curve: error: cannot read {keys.events(args.exp)} at {redact(url)}: {scrub(str(e), url)}", file=sys.stderr)
+        print(f"rqrl curve: error: cannot read {keys.events(ns)} at {redact(url)}: {scrub(str(e), url)}", file=sys.stderr)
         return 1
     if not points:
-        print(f"rqrl curve: error: no finished eval events in {keys.events(args.exp)} at {redact(url)}",
+        print(f"rqrl curve: error: no finished eval events in {keys.events(ns)} at {redact(url)}",
               file=sys.stderr)
         return 1
-    return _draw(points, stop_value, Path(args.out) if args.out else Path(args.exp) / "curve.png", t0, args.exp)
+    return _draw(points, stop_value, Path(args.out) if args.out else Path(ns) / "curve.png", t0, ns)
 
 
 def _draw(points: list[dict[str, Any]], stop_value: Optional[float], out: Path, t0: Optional[float], title: str) -> int:

@@ -3,10 +3,14 @@
 ``python -m coordinator CONFIG --redis-url URL`` (see coordinator/__main__.py) runs
 :meth:`Coordinator.run`:
 
-1. claims the experiment (``rqrl:{exp}:coordinator``, a key with a TTL: one coordinator per
-   experiment). If an unfinished run of the experiment is in Redis (a coordinator was killed),
-   it resumes it: commander state and running tasks from Redis, un-acked events reclaimed
-   with XAUTOCLAIM, running tasks adopted rather than duplicated. Otherwise (or with
+1. names the run and claims it (``rqrl:{exp}:coordinator``, a key with a TTL: one coordinator
+   per run; ``{exp}`` is the run's namespace ``{exp_name}/{run_name}``, see
+   :func:`common.keys.namespace`). The run name is given (``--run-name``; ``rqrl train`` always
+   gives one) or, by default, that of the newest unfinished run of this experiment and seed in
+   Redis (a coordinator restarted after a crash), else a new one, ``{UTC time}-s{seed}``
+   (:func:`coordinator.runs.new_run_name`). If an unfinished run of that name is in Redis it
+   resumes it: commander state and running tasks from Redis, un-acked events reclaimed with
+   XAUTOCLAIM, running tasks adopted rather than duplicated. Otherwise (or with
    ``fresh=True``) it clears what an earlier run left and stamps a new run id;
 2. loops: size the collector task space from the live collector workers (RQ's worker
    registry, counted twice a second: :func:`live_workers`), enqueue every task the commander
@@ -16,9 +20,13 @@
    expires or RQ marks its job failed before it started (revoking its write lease, so a zombie
    cannot publish; the check itself runs on a thread, see :meth:`Coordinator._find_dead`).
    Commander state, running tasks and the events' acks are written in one MULTI/EXEC, so a
-   crash at any point neither loses nor double-counts an event;
+   crash at any point neither loses nor double-counts an event. Each new learner checkpoint
+   (``rqrl:{exp}:ckpt:latest``) is also copied to the run folder (``ckpt/latest.pth`` and
+   ``resume.json``), so ``--resume`` can continue the run after Redis lost it
+   (:meth:`Coordinator._resume_from_folder`);
 3. on convergence sets the stop flag, waits (``commander.finish_timeout`` seconds) for the
-   learner's final checkpoint, writes ``./{exp}/final.pt`` and ``summary.json`` and exits 0;
+   learner's final checkpoint, writes ``./{exp_name}/{run_name}/final.pt`` and ``summary.json``
+   (the run folder; ``./{exp_name}/latest`` links to the newest run) and exits 0;
    when ``max_env_step`` / ``max_train_iter`` / ``max_wall_seconds`` pass first it stops the
    run the same way and exits 2; SIGINT / SIGTERM stop it likewise and exit 130.
 """
@@ -50,6 +58,7 @@ from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
+from coordinator.runs import link_latest, new_run_name, run_unfinished
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -89,8 +98,15 @@ def live_workers(conn: redis.Redis, queue: Queue) -> int:
     return int(conn.exists(*members)) if members else 0
 
 
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` through a temporary file and a rename: a reader (or a crash) never finds half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
 class CoordinatorError(RuntimeError):
-    """The coordinator cannot run (e.g. another one owns the experiment)."""
+    """The coordinator cannot run (e.g. another one owns the run)."""
 
 
 class Coordinator:
@@ -99,14 +115,24 @@ class Coordinator:
     Args:
         cfg: the compiled config.
         conn: Redis client (bytes replies, as RQ needs).
-        out_dir: where ``{exp_name}/`` (logs, final.pt, summary.json) is written.
+        out_dir: where the run folder ``{exp_name}/{run_name}/`` (logs, final.pt, summary.json) is written.
+        fresh: start a new run even if an unfinished one of this name is in Redis.
+        run_name: the run's name; None picks one (module docstring).
+        resume: continue run ``run_name``: from Redis when it is unfinished there, else from its
+            run folder (:meth:`_resume_from_folder`).
     """
 
-    def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False) -> None:
+    def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False,
+                 run_name: Optional[str] = None, resume: bool = False) -> None:
+        if resume and (fresh or not run_name):
+            raise CoordinatorError("resuming needs the run's name and excludes --fresh")
         self.cfg = cfg
         self.fresh = fresh
+        self.resume_from_disk = resume
         self.conn = conn
-        self.exp = cfg.exp_name
+        self.exp_name = cfg.exp_name
+        self.run_name = run_name or self._pick_run_name()
+        self.exp = keys.namespace(self.exp_name, self.run_name)  # every key of the run is under it
         self.out = Path(out_dir) / self.exp
         self.name = f"coordinator-{socket.gethostname()}-{os.getpid()}"
         self.lock = Lock(conn, keys.coordinator_alive(self.exp), timeout=_ALIVE_TTL_S, thread_local=False)
@@ -114,7 +140,8 @@ class Coordinator:
         self.log = build_logger(self.out / "log" / "commander", "coordinator", console=True)
         # Scalars are queued by the loop and written by a thread (coordinator/offload.py).
         self.tb = DeferredScalars(build_tb_writer(self.out / "log" / "commander"))
-        self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id)
+        self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id,
+                                                         run_name=self.run_name)
         self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
         self._signal: Optional[int] = None
@@ -147,29 +174,54 @@ class Coordinator:
         self.collector_workers: Optional[int] = None  # live collector workers at the last count
         self._next_workers = 0.0
         self.events_lost = ""  # how unread events were found trimmed, if they were
+        self._ckpt_on_disk = -1  # version (train_iter) of the checkpoint copied to the run folder
 
     # ------------------------------------------------------------------ lifecycle
+    def _pick_run_name(self) -> str:
+        """The newest unfinished run of this experiment and seed in Redis (a restart), unless
+        ``fresh``; else a new name, made unique in ``rqrl:runs`` (SADD answers who was first)."""
+        suffix = f"-s{int(self.cfg.seed)}"
+        if not self.fresh:
+            for ns in sorted((n.decode() for n in self.conn.smembers(keys.runs())), reverse=True):
+                exp_name, run_name = keys.split_namespace(ns)
+                if exp_name == self.exp_name and run_name.endswith(suffix) and run_unfinished(self.conn, ns):
+                    return run_name
+        base, n = new_run_name(int(self.cfg.seed)), 1
+        name = base
+        while not self.conn.sadd(keys.runs(), keys.namespace(self.exp_name, name)):
+            n += 1
+            name = f"{base}-{n}"
+        return name
+
     def _claim(self) -> None:
         key = keys.coordinator_alive(self.exp)
         # A killed coordinator's lock expires within _ALIVE_TTL_S; a live one keeps extending it.
-        # The token is our name, so `rqrl status` and `redis-cli GET` show who owns the experiment.
+        # The token is our name, so `rqrl status` and `redis-cli GET` show who owns the run.
         if not self.lock.acquire(blocking=True, blocking_timeout=_ALIVE_TTL_S + 1, token=self.name):
             owner = self.conn.get(key)
             raise CoordinatorError(
-                f"experiment {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
-                "stop it or choose another exp_name")
+                f"run {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {key}); "
+                "stop it, or start another run (a different run name)")
         state_raw = self.conn.hget(keys.commander(self.exp), "state")
         run = self.conn.get(keys.run(self.exp))
+        self.out.mkdir(parents=True, exist_ok=True)
+        link_latest(self.out.parent, self.run_name)
         if state_raw and run and not self.conn.exists(keys.stop(self.exp)) and not self.fresh:
             self._resume(json.loads(state_raw))
             return
+        if self.resume_from_disk:
+            self._resume_files()  # refuse before clearing anything
         stale = [k for k in self.conn.scan_iter(match=keys.all_keys_pattern(self.exp), count=1000) if k.decode() != key]
         if stale:
             self.conn.delete(*stale)
             self.log.info("cleared %d keys left by an earlier run of %s", len(stale), self.exp)
+        if self.resume_from_disk:
+            self._resume_from_folder()
+        else:  # what an earlier run of this name left (as summary.json, which is rewritten)
+            for old in (self.out / "evals.jsonl", self.out / "resume.json", self.out / "ckpt" / "latest.pth"):
+                old.unlink(missing_ok=True)
         self.conn.set(keys.run(self.exp), self.run_id)
-        self.conn.sadd(keys.experiments(), self.exp)
-        (self.out / "evals.jsonl").unlink(missing_ok=True)  # an earlier run's, as summary.json
+        self.conn.sadd(keys.runs(), self.exp)
         streams.ensure_group(self.conn, keys.events(self.exp), keys.COORDINATOR_GROUP, start_id="0")
         self._persist(self.conn.pipeline(transaction=True)).execute()
 
@@ -199,6 +251,87 @@ class Coordinator:
                 break
         self._check_events_trimmed()
 
+    def _save_resume_point(self, state: Optional[dict[str, Any]] = None) -> None:
+        """Copy the learner's ``latest`` checkpoint to ``ckpt/latest.pth`` in the run folder when it is
+        newer than the copy there, and write ``resume.json`` beside it: the commander state, the run
+        id, seed, start time and wall seconds, the checkpoint's train_iter and the env steps the
+        learner had consumed. One HGET when nothing changed. With ``state`` (the commander's state
+        at the stop) ``resume.json`` is rewritten even when the checkpoint is the same."""
+        key = keys.ckpt(self.exp, "latest")
+        version = self.conn.hget(key, "version")
+        if version is None or (int(version) == self._ckpt_on_disk and state is None):
+            return
+        (self.out / "ckpt").mkdir(parents=True, exist_ok=True)
+        if int(version) != self._ckpt_on_disk:
+            got = blobstore.get_versioned(self.conn, key)
+            if got is None:
+                return
+            _write_atomic(self.out / "ckpt" / "latest.pth", got[1])
+            self._ckpt_on_disk = int(got[0]["version"])
+        state = state if state is not None else self.commander.state_dict()
+        buffer_id = state.get("current_buffer_id")
+        consumed = int(self.conn.hget(keys.buffer_stats(self.exp, buffer_id), "env_steps") or 0) if buffer_id else 0
+        point = {"run_id": self.run_id, "seed": int(self.cfg.seed), "t0": self._t0,
+                 "wall_seconds": round(time.time() - self._t0, 3), "ckpt_train_iter": self._ckpt_on_disk,
+                 "consumed_env_steps": consumed, "commander": state}
+        _write_atomic(self.out / "resume.json", json.dumps(point).encode())
+
+    def _resume_files(self) -> tuple[Path, Path]:
+        """``resume.json`` and ``ckpt/latest.pth`` of the run folder.
+
+        Raises:
+            CoordinatorError: one of them is missing.
+        """
+        path, ckpt = self.out / "resume.json", self.out / "ckpt" / "latest.pth"
+        if not path.is_file() or not ckpt.is_file():
+            raise CoordinatorError(f"cannot resume {self.exp}: {path} or {ckpt} is missing (the run never saved a "
+                                   "learner checkpoint: policy.learn.learner.hook.save_ckpt_after_iter)")
+        return path, ckpt
+
+    def _resume_from_folder(self) -> None:
+        """Continue the run from its folder (``--resume`` when Redis no longer holds it unfinished).
+
+        Restored: the commander state of the last checkpoint copy (env steps, eval history, best
+        eval, seed counter, so the exploration schedule goes on where it was), the run id, the
+        wall clock (``t0`` moved by the pause), the learner checkpoint (weights, optimizer,
+        train_iter) as ``rqrl:{exp}:ckpt:latest`` with the learner task set to resume from it,
+        the env-step counters, and ``evals.jsonl`` into ``rqrl:{exp}:evals``. Not restored: the
+        replay buffer (it lived in the learner's memory; collectors refill it to
+        ``replay_start_size`` first), step data and tasks in flight, and training after the last
+        checkpoint (at most ``save_ckpt_after_iter`` train iterations).
+
+        Raises:
+            CoordinatorError: the folder holds no ``resume.json`` / ``ckpt/latest.pth``.
+        """
+        path, ckpt = self._resume_files()
+        point = json.loads(path.read_text())
+        state, version, consumed = point["commander"], int(point["ckpt_train_iter"]), int(point["consumed_env_steps"])
+        t0 = time.time() - float(point["wall_seconds"])
+        shift = t0 - float(point["t0"])  # eval times move with the clock, so eval_interval counts run time
+        for ev in state["evaluator_info"]:
+            ev["time"] = float(ev.get("time", point["t0"])) + shift
+        state["last_eval"]["time"] = float(state["last_eval"]["time"]) + shift
+        for name in ("collector_task_space", "learner_task_space"):
+            state[name]["cur"] = state[name]["min_val"]  # no task of the old run is running
+        state.update(eval_in_flight=None, eval_own_slot=False, confirm=None, end_flag=False, final_task=None,
+                     resume_learner=True, learner_info=[{"train_iter": version, "collector_envstep": consumed}])
+        self.commander.load_state_dict(state)
+        self.run_id, self._t0, self._ckpt_on_disk = point["run_id"], t0, version
+        blobstore.put_versioned(self.conn, keys.ckpt(self.exp, "latest"), ckpt.read_bytes(), version,
+                                meta={"train_iter": version, "ts": round(time.time(), 3), "format": "torch"})
+        pipe = self.conn.pipeline(transaction=True)
+        pipe.set(keys.envstep(self.exp), consumed)
+        if state.get("current_buffer_id"):
+            pipe.hset(keys.buffer_stats(self.exp, state["current_buffer_id"]), "env_steps", consumed)
+        evals = self.out / "evals.jsonl"
+        lines = [ln for ln in evals.read_text().splitlines() if ln.strip()] if evals.is_file() else []
+        if lines:
+            pipe.rpush(keys.evals(self.exp), *lines)
+        pipe.execute()
+        self.resumed = True
+        self.log.info("resuming run %s of %s from %s: train iter %d, %d env steps, %d evals", self.run_id, self.exp,
+                      self.out, version, self.commander.total_envstep, len(lines))
+
     def _persist(self, pipe: redis.client.Pipeline) -> redis.client.Pipeline:
         """Queue the commander state and the running tasks changed since the last call on ``pipe``
         (a MULTI pipeline); only changed task records are rewritten."""
@@ -225,7 +358,7 @@ class Coordinator:
 
     def _keep_alive(self) -> None:
         if not self.conn.exists(keys.run(self.exp)):
-            raise CoordinatorError(f"Redis lost the state of experiment {self.exp!r} (key {keys.run(self.exp)} is gone): "
+            raise CoordinatorError(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
                                    "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
         try:
             # Re-set the full TTL; fails atomically when the key expired or another coordinator holds it.
@@ -296,6 +429,7 @@ class Coordinator:
             if now >= self._next_summary:
                 self._next_summary = now + 1.0
                 self._write_summary()
+                self._save_resume_point()
             if now >= self._next_trim:
                 self._next_trim = now + _TRIM_EVERY_S
                 self._trim_events()
@@ -400,9 +534,7 @@ class Coordinator:
         if got is None:
             return  # the eval task's blob is not there (an older worker version): nothing to copy
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "best.pt.tmp"
-        tmp.write_bytes(got[1])
-        tmp.replace(self.out / "best.pt")  # readers never see half a file
+        _write_atomic(self.out / "best.pt", got[1])
         self._best_written = best["task_id"]
         self.log.info("best.pt: policy version %s, eval reward_mean %.2f", best["policy_version"], best["reward_mean"])
 
@@ -475,7 +607,7 @@ class Coordinator:
                              tid, entry["task"].get("rank"), group, lost)
 
     def _write_evals_file(self, evals: list[dict[str, Any]]) -> None:
-        """Append eval results to ``./{exp}/evals.jsonl`` (one JSON object per line)."""
+        """Append eval results to the run folder's ``evals.jsonl`` (one JSON object per line)."""
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.out / "evals.jsonl", "a") as f:
             f.writelines(json.dumps(e) + "\n" for e in evals)
@@ -602,7 +734,8 @@ class Coordinator:
             return False
 
     def _write_summary(self, **extra: Any) -> dict[str, Any]:
-        summary = dict(self.commander.summary(), run_id=self.run_id, coordinator=self.name,
+        summary = dict(self.commander.summary(), exp_name=self.exp_name, run_name=self.run_name,
+                       run_id=self.run_id, coordinator=self.name,
                        collector_workers=self.collector_workers,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
         self._best_effort("write the summary to Redis", self.conn.hset, keys.commander(self.exp),
@@ -613,6 +746,7 @@ class Coordinator:
         self.log.info("stopping: %s", reason)
         # The learner's finish resets the commander's run state (as the seed); keep the figures.
         cm = self.commander
+        resume_state = cm.state_dict()  # what --resume continues from (with the learner's last checkpoint)
         last = cm.last_eval or {}
         self._evals_at_stop = [dict(e) for e in getattr(cm, "evaluations", [])]
         final_task = getattr(cm, "final_eval_task", None)
@@ -648,6 +782,7 @@ class Coordinator:
         # line of `rqrl train` ends with the summary's numbers).
         self._at_stop["train_iter"] = max(int(self._at_stop["train_iter"]), self.learner_last["train_iter"])
         self._at_stop["envstep"] = max(int(self._at_stop["envstep"]), self.learner_last["envstep"])
+        self._best_effort("copy the last checkpoint to the run folder", self._save_resume_point, resume_state)
         final = self._export_final()
         learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
         if self.events_lost:
@@ -672,7 +807,7 @@ class Coordinator:
         print("\n".join(lines), flush=True)
 
     def _plot_curve(self) -> Optional[Path]:
-        """``./{exp}/curve.png``: eval reward against env steps and wall time, with the stop_value line."""
+        """The run folder's ``curve.png``: eval reward against env steps and wall time, with the stop_value line."""
         if not self._evals_at_stop:
             return None
         from coordinator.curve import plot_curve

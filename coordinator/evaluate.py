@@ -8,8 +8,8 @@ Files are read with ``torch.load(path, weights_only=True)``; non-finite weights 
 
 Usage::
 
-    rqrl eval <exp_name>/final.pt --episodes 10
-    rqrl eval <exp_name>/final.pt --video episode.gif
+    rqrl eval <exp_name>/latest/final.pt --episodes 10
+    rqrl eval <exp_name>/<run_name>/final.pt --video episode.gif
 
 Heavy imports (torch, gymnasium) happen inside the functions, so building the ``rqrl`` parser
 stays fast.
@@ -242,8 +242,9 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
             notes.append(f"{where} is a bare state_dict: assuming the built-in defaults (pass the run's config with --config)")
         if overrides:
             cfg = apply_overrides(cfg, list(overrides))
-        # A custom env's module sits where the run was trained: the cwd, or the folder above ./<exp>/.
-        spaces.make_importable(os.getcwd(), str(Path(path).resolve().parent.parent))
+        # A custom env's module sits where the run was trained: the cwd, or the folder above
+        # ./<exp>/<run>/ (or above ./<exp>/, for a file copied up from its run folder).
+        spaces.make_importable(os.getcwd(), *(str(p) for p in Path(path).resolve().parents[1:3]))
         spec = spaces.probe(cfg)
     except (ConfigError, spaces.SpaceError) as e:
         raise EvalError(str(e)) from None

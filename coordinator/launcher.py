@@ -2,7 +2,8 @@
 
 Starts (when no ``--redis-url`` is given) a private redis-server, then ``python -m
 coordinator`` and the stock ``rq worker collector`` (N times) and ``rq worker learner``
-(``policy.learn.learner_num`` times) as child processes, each in its own session with its output in ``./{exp}/log/{name}.log``. Shows
+(``policy.learn.learner_num`` times) as child processes, each in its own session with its output
+in the run folder's ``log/{name}.log`` (``./{exp_name}/{run_name}/``, see coordinator/runs.py). Shows
 one live progress line from the events stream (XREAD BLOCK), and tears every child and the
 private Redis down on success, failure and Ctrl-C.
 """
@@ -101,17 +102,22 @@ class Launcher:
             started for evaluation when ``commander.eval_task_space`` > 0. The coordinator sizes
             its collector task space from the live workers (coordinator/daemon.py).
         coordinator_args: extra arguments for ``python -m coordinator`` (``--seed``, ``--set``).
+        out_dir: where the run folder ``{exp_name}/{run_name}/`` is.
+        run_name: the run's name (its folder exists: coordinator/runs.py reserves it).
     """
 
     def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
-                 coordinator_args: list[str], out_dir: str = ".") -> None:
+                 coordinator_args: list[str], run_name: str, out_dir: str = ".") -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.redis_url = redis_url
         self.collectors = collectors
         self.coordinator_args = coordinator_args
         self.out_dir = Path(out_dir)
-        self.log_dir = self.out_dir / cfg.exp_name / "log"
+        self.run_name = run_name
+        self.ns = keys.namespace(cfg.exp_name, run_name)  # the run's keys, and its folder below out_dir
+        self.run_dir = self.out_dir / self.ns
+        self.log_dir = self.run_dir / "log"
         self.children: dict[str, subprocess.Popen] = {}
         self.embedded: Optional[EmbeddedRedis] = None
 
@@ -143,7 +149,9 @@ class Launcher:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def _run(self) -> int:
+    def _prepare(self) -> tuple[str, dict[str, str], redis.Redis]:
+        """Start the private Redis (when no URL was given) and check it; returns its URL, the
+        children's environment and a connection."""
         url = self.redis_url
         if url is None:
             self.embedded = EmbeddedRedis().start()
@@ -158,9 +166,17 @@ class Launcher:
         conn = connect_checked(url)
         for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
             print(f"warning: {warning}", file=sys.stderr)
+        return url, env, conn
+
+    def _namespaces(self) -> list[str]:
+        """The runs this launcher started (their stop flags are set on the way out)."""
+        return [self.ns]
+
+    def _run(self) -> int:
+        url, env, conn = self._prepare()
         config_path = str(Path(self.config_path).resolve())
         self._spawn("coordinator", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
-                                    *self.coordinator_args], env)
+                                    "--run-name", self.run_name, *self.coordinator_args], env)
         rq = _rq_command()
         stamp = f"{os.getpid()}"
         # One learner worker per rank of the learner group (policy.learn.learner_num).
@@ -177,7 +193,7 @@ class Launcher:
 
     def _follow(self, conn: redis.Redis) -> int:
         progress = Progress(float(self.cfg.env.stop_value))
-        stream = keys.events(self.cfg.exp_name)
+        stream = keys.events(self.ns)
         last_id = b"0"
         t0 = time.time()
         coord = self.children["coordinator"]
@@ -185,9 +201,9 @@ class Launcher:
         workers_told = False
         # A stop flag left by an earlier run of this experiment is not ours: the coordinator
         # clears it when it starts a fresh run. Only a flag set after that ends this run.
-        stale_stop = bool(conn.exists(keys.stop(self.cfg.exp_name)))
+        stale_stop = bool(conn.exists(keys.stop(self.ns)))
         while coord.poll() is None:
-            stop_now = bool(conn.exists(keys.stop(self.cfg.exp_name)))
+            stop_now = bool(conn.exists(keys.stop(self.ns)))
             stale_stop = stale_stop and stop_now
             if not workers_told and stop_now and not stale_stop:
                 # The run is ending: ask each rq worker for a warm shutdown now (it finishes its
@@ -219,13 +235,13 @@ class Launcher:
                           file=sys.stderr)
         # The closing line shows the figures of summary.json (the learner may report a little more
         # after the coordinator's snapshot at the stop): one set of numbers per run.
-        summary_path = self.out_dir / self.cfg.exp_name / "summary.json"
+        summary_path = self.run_dir / "summary.json"
         if summary_path.is_file():
             progress.from_summary(json.loads(summary_path.read_text()))
         progress.show(final=True)
         code = coord.returncode
         tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
-        heads = [i for i, ln in enumerate(tail) if ln.startswith(f"rqrl {self.cfg.exp_name}:")]
+        heads = [i for i, ln in enumerate(tail) if ln.startswith(f"rqrl {self.ns}:")]
         if heads:  # the coordinator's closing summary block
             block = [tail[heads[-1]]] + [ln for ln in tail[heads[-1] + 1:] if ln.startswith("  ")]
             print("\n".join(block))
@@ -237,7 +253,8 @@ class Launcher:
         if url is not None:
             try:
                 c = connect(url, socket_timeout=2)
-                c.set(keys.stop(self.cfg.exp_name), "rqrl train is exiting", nx=True)
+                for ns in self._namespaces():
+                    c.set(keys.stop(ns), "rqrl is exiting", nx=True)
             except (redis.RedisError, ValueError):
                 pass
         for proc in self.children.values():

@@ -14,6 +14,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from common import keys, streams
 from common.connection import RedisUnavailable, connect_checked
 from common.redis_memory import memory_info
+from coordinator.runs import list_runs
 
 
 def _throughput(conn: redis.Redis, exp: str, window_s: float = 60.0) -> dict[str, float]:
@@ -50,8 +51,12 @@ def _memory(conn: redis.Redis) -> dict[str, Any]:
 
 
 def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, Any]:
-    """Everything ``rqrl status`` shows, as plain data (the ``--json`` output)."""
-    out: dict[str, Any] = {"queues": {}, "experiments": {}, "redis": _memory(conn)}
+    """Everything ``rqrl status`` shows, as plain data (the ``--json`` output).
+
+    ``exp``: an experiment name (all its runs), a run's namespace ``EXP/RUN``, or None (every
+    run in ``rqrl:runs``). ``runs`` maps each run's namespace to its figures.
+    """
+    out: dict[str, Any] = {"queues": {}, "runs": {}, "redis": _memory(conn)}
     for name in (keys.COLLECTOR_QUEUE, keys.LEARNER_QUEUE):
         q = Queue(name, connection=conn)
         workers = Worker.all(queue=q)
@@ -61,8 +66,7 @@ def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, An
             "failed": FailedJobRegistry(queue=q).count,
             "workers": sorted(w.name for w in workers),
         }
-    names = [exp] if exp else sorted(n.decode() for n in conn.smembers(keys.experiments()))
-    for e in names:
+    for e in list_runs(conn, exp):
         summary = streams.decode_fields(conn.hgetall(keys.commander(e)))
         summary.pop("state", None)  # the coordinator's persisted state (a JSON string), not a figure
         stop = conn.get(keys.stop(e))
@@ -77,7 +81,7 @@ def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, An
         for tid, ttl in zip(executing, pipe.execute() if executing else []):
             tasks.append({"task_id": tid, "kind": running[tid].get("kind", ""),
                           "heartbeat_ttl_s": round(ttl / 1000, 1) if ttl > 0 else 0})
-        out["experiments"][e] = {
+        out["runs"][e] = {
             "summary": summary,
             "stopped": stop.decode() if stop else "",
             "coordinator": (conn.get(keys.coordinator_alive(e)) or b"").decode(),
@@ -98,15 +102,15 @@ def render(status: dict[str, Any]) -> str:
         cap = f"{mem['max'] / 2**20:.1f} MB" if mem["max"] else "no limit"
         lines.append(f"redis       used {mem['used'] / 2**20:.1f} MB / maxmemory {cap}, {mem['policy']}"
                      + ("  FULL: writes refused" if mem["full"] else ""))
-    if not status["experiments"]:
-        lines.append("no experiments in this Redis")
-    for e, info in status["experiments"].items():
+    if not status["runs"]:
+        lines.append("no runs in this Redis")
+    for e, info in status["runs"].items():
         s = info["summary"]
         state = "stopped: " + info["stopped"] if info["stopped"] else ("running" if info["coordinator"] else "no coordinator")
-        room = max(10, 80 - len(f"EXPERIMENT {e}  []"))
+        room = max(10, 80 - len(f"RUN {e}  []"))
         if len(state) > room:  # shorten the reason, keep the line's shape
             state = state[: room - 3] + "..."
-        lines += ["", f"EXPERIMENT {e}  [{state}]"]
+        lines += ["", f"RUN {e}  [{state}]"]
         if s:
             ev = s.get("last_eval_reward_mean", "")
             lines.append(f"  env steps {s.get('envstep', 0):,}  train iter {s.get('train_iter', 0):,}  "

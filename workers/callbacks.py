@@ -16,7 +16,7 @@ from common import events
 
 def report_job_failure(job: Any, connection: Any, exc_type: Any, exc_value: Any, traceback: Any) -> None:
     """Emit a ``failed`` event for the job's task, naming the exception."""
-    from workers.task import TaskError
+    from workers.task import TaskError, task_namespace
 
     task = job.args[0] if job.args else {}
     if not isinstance(task, dict) or not isinstance(task.get("exp_name"), str) or not isinstance(task.get("task_id"), str):
@@ -28,5 +28,9 @@ def report_job_failure(job: Any, connection: Any, exc_type: Any, exc_value: Any,
     kind = task.get("task_type", "collector")
     if kind not in events.TASK_TYPES:
         return
-    events.emit(connection, task["exp_name"], "failed", task["task_id"], kind,
+    try:
+        exp = task_namespace(task)
+    except (ValueError, TypeError):
+        return
+    events.emit(connection, exp, "failed", task["task_id"], kind,
                 error=f"{getattr(exc_type, '__name__', exc_type)}: {exc_value}"[:2000], source="rq_on_failure")

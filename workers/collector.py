@@ -29,7 +29,7 @@ from common.policy import algorithm_of, create_policy, export
 from common.seeding import env_seeds
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, make_vector_env, step, true_next_obs
-from workers.task import Heartbeat, TaskError, check_current, task_connection, validate_task
+from workers.task import Heartbeat, TaskError, check_current, task_connection, task_namespace, validate_task
 
 
 class ChunkBuilder:
@@ -275,7 +275,7 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     t_entry = time.perf_counter()
     cfg = validate_task(task, "collector")
     conn = task_connection(task)
-    exp, task_id = task["exp_name"], task["task_id"]
+    exp, task_id = task_namespace(task), task["task_id"]
     check_current(conn, task)
     comm = RedisCommCollector(conn, task, cfg.policy.collect.collector.data_ttl)
     try:

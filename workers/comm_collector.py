@@ -27,6 +27,7 @@ import redis
 from common import blobstore, chunk_codec, events, keys, serialization, streams
 from common.finite import NonFiniteError, check_arrays
 from common.scripts import send_chunk
+from workers.task import task_namespace
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class RedisCommCollector:
     def __init__(self, conn: redis.Redis, task: dict, data_ttl_s: int) -> None:
         self._conn = conn
         self._task = task
-        self._exp = task["exp_name"]
+        self._exp = task_namespace(task)
         self._task_id = task["task_id"]
         self._data_ttl = int(data_ttl_s)
         self._meta_stream = keys.buffer_meta(self._exp, task["buffer_id"])

@@ -48,7 +48,7 @@ from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, 
 from workers.ddp import LearnerGroup, join
 from workers.learner_hooks import LearnerHook, build_hooks
 from workers.sources import create_source
-from workers.task import Heartbeat, TaskError, check_current, task_connection, validate_task
+from workers.task import Heartbeat, TaskError, check_current, task_connection, task_namespace, validate_task
 
 
 class CheckpointStore:
@@ -381,7 +381,7 @@ def run_learner_task(task: dict) -> dict[str, Any]:
     """
     cfg = validate_task(task, "learner")
     conn = task_connection(task)
-    exp, task_id = task["exp_name"], task["task_id"]
+    exp, task_id = task_namespace(task), task["task_id"]
     check_current(conn, task)
     try:
         with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
@@ -397,7 +397,7 @@ def run_learner_task(task: dict) -> dict[str, Any]:
 
 
 def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]:
-    exp, task_id = task["exp_name"], task["task_id"]
+    exp, task_id = task_namespace(task), task["task_id"]
     rank, world_size = int(task.get("rank", 0)), int(task.get("world_size", 1))
     threads = int(os.environ.get("RQRL_TORCH_THREADS", "1"))
     torch.set_num_threads(threads)

@@ -22,8 +22,8 @@ _REQUIRED = {
     "learner": ("task_id", "exp_name", "run_id", "buffer_id", "policy_id", "config"),
 }
 _OPTIONAL = {
-    "collector": ("task_type", "envstep", "seed", "redis_url", "eval_policy_key", "eval_episodes"),
-    "learner": ("task_type", "resume", "seed", "redis_url", "group_id", "rank", "world_size"),
+    "collector": ("task_type", "run_name", "envstep", "seed", "redis_url", "eval_policy_key", "eval_episodes"),
+    "learner": ("task_type", "run_name", "resume", "seed", "redis_url", "group_id", "rank", "world_size"),
 }
 _MAX_ID_LEN = 200
 
@@ -90,6 +90,11 @@ def _check_fields(task: dict, kind: str, tid: str) -> None:
             keys._check("group_id", gid)
         except ValueError:
             raise bad("group_id", "is empty or contains ':', space or glob characters") from None
+    if "run_name" in task:
+        try:
+            keys.namespace(task["exp_name"], task["run_name"])
+        except (ValueError, TypeError):
+            raise bad("run_name", "must be a string without ':', '/', space or glob characters") from None
     if kind == "collector":
         cs = task["collect_setting"]
         if not isinstance(cs, dict):
@@ -100,7 +105,7 @@ def _check_fields(task: dict, kind: str, tid: str) -> None:
         # What each setting means is the algorithm's business (its policy reads them); here only their form.
         if "eval_policy_key" in task:
             key = task["eval_policy_key"]
-            if not (isinstance(key, str) and key.startswith(keys.exp_prefix(task["exp_name"]) + ":task:")
+            if not (isinstance(key, str) and key.startswith(keys.exp_prefix(task_namespace(task)) + ":task:")
                     and key.endswith(":evaluated")):
                 raise bad("eval_policy_key", "must be the key of an evaluated policy of this experiment")
             if not task["eval_flag"]:
@@ -109,6 +114,12 @@ def _check_fields(task: dict, kind: str, tid: str) -> None:
             raise bad("eval_episodes", "must be an integer in [1, 10000]")
     if not isinstance(task["config"], dict):
         raise bad("config", f"is {type(task['config']).__name__}, must be a dict")
+
+
+def task_namespace(task: dict) -> str:
+    """The Redis key namespace of the task's run (:func:`common.keys.namespace`), which is also
+    where its logs go (``./{namespace}/log``)."""
+    return keys.namespace(task["exp_name"], task.get("run_name", ""))
 
 
 def validate_task(task: Any, kind: str) -> EasyDict:
@@ -168,10 +179,10 @@ def check_current(conn: redis.Redis, task: dict) -> None:
     Raises:
         StaleTask: naming the task and the reason (and the key that says so).
     """
-    exp, tid = task["exp_name"], task["task_id"]
+    exp, tid = task_namespace(task), task["task_id"]
     current = conn.get(keys.run(exp))
     if current is None:
-        raise StaleTask(f"task {tid}: unknown experiment {exp!r} (no {keys.run(exp)}: no coordinator runs it)")
+        raise StaleTask(f"task {tid}: unknown run {exp!r} (no {keys.run(exp)}: no coordinator runs it)")
     if current.decode() != task["run_id"]:
         raise StaleTask(f"task {tid}: belongs to run {task['run_id']!r} of {exp}; the current run is {current.decode()!r}")
     if not lease.held(conn, exp, tid):

@@ -52,7 +52,7 @@ from common.embedded_redis import EmbeddedRedis, find_redis_server
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
-EXP = "bench_coord"
+EXP = "bench_coord/b"  # the run's key namespace: exp_name bench_coord, run name b
 
 
 def _finish_info(i: int) -> dict:
@@ -124,7 +124,7 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
     env = dict(os.environ, PYTHONPATH=str(REPO))
     profiler = ["-m", "cProfile", "-o", str(Path(profile).resolve())] if profile else []
     coord = subprocess.Popen([sys.executable, *profiler, "-m", "coordinator", CONFIG, "--redis-url", url,
-                              "--set", f"exp_name={EXP}", "--set", "commander.eval_task_space=0",
+                              "--set", "exp_name=bench_coord", "--run-name", "b", "--set", "commander.eval_task_space=0",
                               "--set", "commander.eval_interval=0.0", "--set", "commander.eval_every_train_iter=0",
                               "--set", "commander.heartbeat_timeout=60.0", "--set", "env.stop_value=1e9",
                               "--set", f"commander.max_wall_seconds={seconds + 120}"],

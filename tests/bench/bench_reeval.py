@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
                                   "--set", f"exp_name={exp}", *[f"--set={o}" for o in args.overrides]],
                                  cwd=tmp, capture_output=True, text=True)
             wall = time.perf_counter() - t0
-            final = Path(tmp) / exp / "final.pt"
-            summary_path = Path(tmp) / exp / "summary.json"
+            final = Path(tmp) / exp / "latest" / "final.pt"
+            summary_path = Path(tmp) / exp / "latest" / "summary.json"
             summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
             r = {"seed": seed, "exit_code": res.returncode, "wall_s": round(wall, 2),
                  "run_eval": summary.get("last_eval_reward_mean"), "reeval_mean": None, "reeval_min": None}

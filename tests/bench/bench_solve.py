@@ -29,7 +29,7 @@ def solve_once(config: str, seed: int, collectors: int, extra: list[str]) -> dic
         t0 = time.perf_counter()
         res = subprocess.run(argv, cwd=tmp, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        summary_path = Path(tmp) / exp / "summary.json"
+        summary_path = Path(tmp) / exp / "latest" / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         return {"seed": seed, "exit_code": res.returncode, "wall_s": round(wall, 2),
                 "coordinator_wall_s": summary.get("wall_seconds"), "envstep": summary.get("envstep"),

@@ -53,7 +53,8 @@ class Chaos:
         self.duration = duration
         self.stop_value = stop_value
         self.dir = workdir
-        self.exp = f"chaos_s{seed}"
+        self.exp_name = f"chaos_s{seed}"
+        self.exp = f"{self.exp_name}/chaos"  # the run's namespace (--run-name chaos): keys and folder
         self.redis_restart, self.oom = redis_restart, oom
         aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if redis_restart else []
         self.redis = EmbeddedRedis(aof).start()
@@ -75,7 +76,7 @@ class Chaos:
 
     def _coordinator_argv(self) -> list[str]:
         return [sys.executable, "-m", "coordinator", CONFIG, "--seed", str(self.seed),
-                "--set", f"exp_name={self.exp}", "--set", f"env.stop_value={self.stop_value}",
+                "--run-name", "chaos", "--set", f"exp_name={self.exp_name}", "--set", f"env.stop_value={self.stop_value}",
                 # A cap: a killed worker counts in RQ's registry until its key expires (~90 s).
                 "--set", f"commander.collector_task_space={self.n_collectors}",
                 "--set", "policy.collect.collector.task_env_steps=2000",
@@ -84,7 +85,7 @@ class Chaos:
 
     def _worker(self, name: str, queue: str) -> None:
         rq = str(Path(sys.executable).with_name("rq"))
-        self._start(name, [rq, "worker", queue, "-w", "workers.worker.PreloadWorker", "--name", f"{self.exp}-{name}-{time.time():.0f}"])
+        self._start(name, [rq, "worker", queue, "-w", "workers.worker.PreloadWorker", "--name", f"{self.exp_name}-{name}-{time.time():.0f}"])
 
     # -- observation -----------------------------------------------------------------------------
     def running_tasks(self) -> dict[str, dict]:

@@ -41,7 +41,7 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
                 cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert "converged" in res.stdout
-    out = tmp_path / exp
+    out = tmp_path / exp / "latest"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["last_eval_reward_mean"] >= 150
     # The closing progress line carries the summary's numbers (one set of figures per run).
@@ -88,8 +88,8 @@ def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
         assert coord.returncode == 0, coord.stdout + coord.stderr[-3000:]
         # Readable metadata on the buffer stream, as `redis-cli XRANGE` shows it.
-        summary = json.loads((tmp_path / exp / "summary.json").read_text())
-        entries = conn.xrange(f"rqrl:{exp}:buffer:{summary['buffer_id']}:meta", count=1)
+        summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
+        entries = conn.xrange(f"rqrl:{exp}/{summary['run_name']}:buffer:{summary['buffer_id']}:meta", count=1)
         fields = {k.decode(): v.decode() for k, v in entries[0][1].items()}
         assert {"data_id", "policy_version", "n_samples", "env_steps"} <= set(fields)
         assert int(fields["n_samples"]) > 0
@@ -122,7 +122,7 @@ def test_ctrl_c_or_sigterm_stops_everything(tmp_path, redis_server, sig):
     p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--set", f"exp_name={exp}",
                           "--set", "env.stop_value=100000"], cwd=tmp_path, env=worker_env(""),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = tmp_path / exp / "log" / "learner"
+    log = tmp_path / exp / "latest" / "log" / "learner"
     deadline = time.monotonic() + 90
     while not log.is_dir() and time.monotonic() < deadline:  # the learner has started training
         time.sleep(0.2)

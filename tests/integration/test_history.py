@@ -41,10 +41,10 @@ def test_evals_survive_100k_later_events(tmp_path, redis_server):
                           "commander.eval_interval=2.0", "--set", "commander.max_wall_seconds=20", "--collectors", "1"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 2, res.stderr[-2000:]
-    lines = (tmp_path / exp / "evals.jsonl").read_text().splitlines()
+    lines = (tmp_path / exp / "latest" / "evals.jsonl").read_text().splitlines()
     evals = [json.loads(x) for x in lines]
     assert len(evals) >= 3 and all(e["run_id"] == evals[0]["run_id"] for e in evals)
-    _flood(conn, exp, 100_000)
+    _flood(conn, f"{exp}/{(tmp_path / exp / 'latest').resolve().name}", 100_000)  # the run's events
     curve = subprocess.run([sys.executable, "-m", "coordinator.cli", "curve", "--exp", exp, "--redis-url",
                             redis_server.url, "--out", str(tmp_path / "c.png")], env=env, capture_output=True,
                            text=True, timeout=120)
@@ -65,7 +65,7 @@ def test_unread_events_are_never_trimmed(real_redis):
 
 
 def test_a_trimmed_stream_is_reported(real_redis, small_cfg, tmp_path, redis_server):
-    exp = small_cfg.exp_name
+    exp = keys.namespace(small_cfg.exp_name, "r1")
     for i in range(5):
         events.emit(real_redis, exp, "finished", f"collector_task_{i}", "collector", eval_flag=True,
                     reward_mean=float(i), reward_std=0.0, train_iter=i)
@@ -74,9 +74,9 @@ def test_a_trimmed_stream_is_reported(real_redis, small_cfg, tmp_path, redis_ser
     curve = subprocess.run([sys.executable, "-m", "coordinator.cli", "curve", "--exp", exp, "--redis-url",
                             redis_server.url, "--out", str(tmp_path / "c.png")], env=worker_env(redis_server.url),
                            capture_output=True, text=True, timeout=120)
-    assert "warning: rqrl:test_exp:events" in curve.stderr and "trimmed" in curve.stderr, curve.stderr
+    assert "warning: rqrl:test_exp/r1:events" in curve.stderr and "trimmed" in curve.stderr, curve.stderr
     # The coordinator sees the same when it has not read what was removed.
-    coord = Coordinator(small_cfg, real_redis, tmp_path)
+    coord = Coordinator(small_cfg, real_redis, tmp_path, run_name="r1")
     coord._last_event_id = real_redis.xrange(keys.events(exp))[0][0].decode()
     coord._check_events_trimmed()
     assert not coord.events_lost  # what was removed was older than what it read

@@ -35,8 +35,9 @@ def test_diverging_run_stops_at_the_first_nan_and_publishes_none(tmp_path, redis
     res = _rqrl("train", CONFIG, "--redis-url", redis_server.url, "--set", f"exp_name={exp}",
                 "--set", "policy.learn.learning_rate=1e12", "--set", "policy.learn.grad_clip_norm=0.0",
                 "--set", "commander.max_wall_seconds=90", "--collectors", "1", cwd=tmp_path, env=env)
-    summary = json.loads((tmp_path / exp / "summary.json").read_text())
+    summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
     reason = summary["status"]
+    exp = keys.namespace(exp, summary["run_name"])  # the run's keys
     assert res.returncode == 1, res.stdout + res.stderr[-3000:]
     assert "NonFiniteError: train iter" in reason and "non-finite" in reason, reason
     stopped_at = int(reason.split("train iter ")[1].split(":")[0])
@@ -49,7 +50,7 @@ def test_diverging_run_stops_at_the_first_nan_and_publishes_none(tmp_path, redis
         if ckpt is not None:
             import io
             check_arrays(torch.load(io.BytesIO(ckpt[1]), weights_only=True), name)
-    final = tmp_path / exp / "final.pt"
+    final = tmp_path / exp / "latest" / "final.pt"
     if final.exists():
         check_arrays(torch.load(final, weights_only=True), "final.pt")
     # One learner failure ended the run: no replacement learner retried the same divergence.

@@ -40,7 +40,7 @@ def test_ppo_trains_cartpole_and_rqrl_eval_plays_it(tmp_path, redis_server):
     elapsed = time.monotonic() - t0
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert "converged" in res.stdout
-    out = tmp_path / exp
+    out = tmp_path / exp / "latest"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["status"].startswith("converged"), summary
     assert float(summary["last_eval_reward_mean"]) >= 195
@@ -66,7 +66,7 @@ def test_dqn_trains_acrobot_with_actions_read_from_the_env_and_rqrl_eval_plays_i
     res = _rqrl("train", DQN_CONFIG, "--set", f"exp_name={exp}", "--set", "env.env_id=Acrobot-v1",
                 "--set", "env.stop_value=-100.0", "--set", "commander.max_wall_seconds=150.0", cwd=tmp_path, timeout=400)
     elapsed = time.monotonic() - t0
-    out = tmp_path / exp
+    out = tmp_path / exp / "latest"
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     print(f"DQN Acrobot: exit {res.returncode} after {elapsed:.1f} s, last eval {summary.get('last_eval_reward_mean')}, "
           f"{summary.get('envstep')} env steps")

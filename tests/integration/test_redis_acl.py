@@ -255,17 +255,17 @@ def test_training_run_as_rqrl_user(acl_server, tmp_path):
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
         assert coord.returncode == 0, (coord.stdout[-2000:] + coord.stderr[-3000:] +
                                        json.dumps(s.denials(), default=str)[:3000])
-        assert (tmp_path / exp / "summary.json").exists()
+        assert (tmp_path / exp / "latest" / "summary.json").exists()
         status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status"], cwd=tmp_path, env=env,
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
         assert exp in status.stdout
         # `rqrl clean` deletes an experiment's keys and jobs, as the rqrl user too.
-        assert list(s.admin.scan_iter(match=f"rqrl:{exp}:*")), "the run left no keys to clean"
+        assert list(s.admin.scan_iter(match=f"rqrl:{exp}/*")), "the run left no keys to clean"
         clean = subprocess.run([sys.executable, "-m", "coordinator.cli", "clean", "--exp", exp, "--yes"],
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert clean.returncode == 0, clean.stdout + clean.stderr
-        assert not list(s.admin.scan_iter(match=f"rqrl:{exp}:*")), "rqrl clean left keys behind"
+        assert not list(s.admin.scan_iter(match=f"rqrl:{exp}/*")), "rqrl clean left keys behind"
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)

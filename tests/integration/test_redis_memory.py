@@ -66,6 +66,7 @@ def test_out_of_memory_mid_run_stops_cleanly(tmp_path, server):
                                 stdout=open(tmp_path / f"w{i}.log", "wb"), stderr=subprocess.STDOUT)
                for i, q in enumerate(["learner", "collector", "collector"])]
     coord = subprocess.Popen([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--set", f"exp_name={exp}",
+                              "--run-name", "r1",
                               "--set", "env.stop_value=100000", "--set", "commander.max_wall_seconds=120"],
                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -73,7 +74,7 @@ def test_out_of_memory_mid_run_stops_cleanly(tmp_path, server):
         deadline = time.monotonic() + 90
         trained = False
         while not trained and time.monotonic() < deadline:  # until the learner has trained a while
-            for _, entries in conn.xread({keys.events(exp): last}, block=1000) or []:
+            for _, entries in conn.xread({keys.events(f"{exp}/r1"): last}, block=1000) or []:
                 for eid, raw in entries:
                     last = eid
                     ev = streams.decode_fields(raw)
@@ -82,7 +83,7 @@ def test_out_of_memory_mid_run_stops_cleanly(tmp_path, server):
         used = conn.info("memory")["used_memory"]
         conn.config_set("maxmemory", used + 64 * 1024)  # full within seconds
         out, _ = coord.communicate(timeout=120)
-        summary = json.loads((tmp_path / exp / "summary.json").read_text())
+        summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
         assert coord.returncode == 1, out[-3000:]
         assert summary["status"].startswith("Redis out of memory (used "), summary["status"]
         assert "/ maxmemory" in summary["status"]
@@ -93,7 +94,7 @@ def test_out_of_memory_mid_run_stops_cleanly(tmp_path, server):
         conn.config_set("maxmemory", 1024 * 1024)  # below what is used: every write refused
         status = _cli("coordinator.cli", "status", "--redis-url", url, cwd=tmp_path, url=url, timeout=60)
         assert status.returncode == 0, status.stderr[-2000:]
-        assert f"EXPERIMENT {exp}" in status.stdout and "FULL: writes refused" in status.stdout, status.stdout
+        assert f"RUN {exp}/r1" in status.stdout and "FULL: writes refused" in status.stdout, status.stdout
         assert "the worker process died" not in out, out[-3000:]
     finally:
         conn.config_set("maxmemory", 0)

@@ -19,7 +19,8 @@ CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
 
 def _train(url: str, exp: str, cwd, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", url,
+    """``rqrl train`` of run ``r1`` (key namespace ``{exp}/r1``)."""
+    return subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", url, "--name", "r1",
                              "--set", f"exp_name={exp}", "--set", "commander.max_wall_seconds=150", *extra],
                             cwd=cwd, env=worker_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -30,7 +31,7 @@ def test_redis_pause_and_dropped_connections_are_survived(tmp_path, redis_server
         conn = connect(server.url)
         exp = f"blip_{os.getpid()}"
         p = _train(server.url, exp, tmp_path, "--set", "env.stop_value=250")
-        wait_event(conn, exp, lambda e: e["type"] == "learner_info", 90)
+        wait_event(conn, f"{exp}/r1", lambda e: e["type"] == "learner_info", 90)
         conn.execute_command("CLIENT", "PAUSE", "10000", "ALL")  # every client blocks for 10 s
         time.sleep(11)
         killed = conn.execute_command("CLIENT", "KILL", "TYPE", "normal") + \
@@ -38,7 +39,7 @@ def test_redis_pause_and_dropped_connections_are_survived(tmp_path, redis_server
         assert killed > 0
         out, err = p.communicate(timeout=200)
         assert p.returncode == 0, out + err[-3000:]
-        coord_log = (tmp_path / exp / "log" / "coordinator.log").read_text()
+        coord_log = (tmp_path / exp / "latest" / "log" / "coordinator.log").read_text()
         assert "Traceback" not in coord_log, coord_log[-3000:]
         assert "heartbeat checks paused" in coord_log
     finally:
@@ -51,12 +52,12 @@ def test_redis_restarted_empty_is_reported_clearly(tmp_path):
         exp = f"empty_{os.getpid()}"
         p = _train(server.url, exp, tmp_path, "--set", "env.stop_value=100000")
         conn = connect(server.url)
-        wait_event(conn, exp, lambda e: e["type"] == "learner_info", 90)
+        wait_event(conn, f"{exp}/r1", lambda e: e["type"] == "learner_info", 90)
         conn.flushall()  # what a restart without persistence looks like to clients
         out, err = p.communicate(timeout=120)
         assert p.returncode == 1, out + err[-3000:]
-        log = (tmp_path / exp / "log" / "coordinator.log").read_text()
-        assert "Redis lost the state of experiment" in log or "lost its consumer group" in log, log[-2000:]
+        log = (tmp_path / exp / "latest" / "log" / "coordinator.log").read_text()
+        assert "Redis lost the state of run" in log or "lost its consumer group" in log, log[-2000:]
     finally:
         server.stop()
 

@@ -38,7 +38,7 @@ def test_sac_learns_pendulum_and_rqrl_eval_plays_it(tmp_path, redis_server):
     res = _rqrl("train", SAC_CONFIG, "--seed", "0", "--set", f"exp_name={exp}", "--set", "env.stop_value=-400.0",
                 "--set", "commander.max_wall_seconds=150.0", cwd=tmp_path, timeout=300)
     elapsed = time.monotonic() - t0
-    out = tmp_path / exp
+    out = tmp_path / exp / "latest"
     summary = _summary(out)
     print(f"SAC Pendulum seed 0 (stop -400): exit {res.returncode} after {elapsed:.1f} s, "
           f"last eval {summary.get('last_eval_reward_mean')}, {summary.get('envstep')} env steps, "
@@ -71,11 +71,11 @@ def test_dqn_with_prioritized_replay_trains_cartpole(tmp_path, redis_server):
     res = _rqrl("train", DQN_CONFIG, "--set", f"exp_name={exp}", "--set", "policy.other.replay_buffer.priority=True",
                 "--set", "commander.max_wall_seconds=200.0", cwd=tmp_path, timeout=300)
     elapsed = time.monotonic() - t0
-    summary = _summary(tmp_path / exp)
+    summary = _summary(tmp_path / exp / "latest")
     print(f"DQN CartPole with prioritized replay: exit {res.returncode} after {elapsed:.1f} s, "
           f"last eval {summary.get('last_eval_reward_mean')}, {summary.get('envstep')} env steps")
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert summary["converged"] is True and summary["status"].startswith("converged"), summary
     assert float(summary["last_eval_reward_mean"]) >= float(summary["stop_value"])
-    bundle = torch.load(tmp_path / exp / "final.pt", weights_only=True)
+    bundle = torch.load(tmp_path / exp / "latest" / "final.pt", weights_only=True)
     assert bundle["config"]["policy"]["other"]["replay_buffer"]["priority"] is True

@@ -48,8 +48,9 @@ def chunks_of(conn, exp, buffer_id, task_id):
 def test_stalled_collector_is_fenced_after_being_declared_dead(real_redis, redis_server, tmp_path):
     conn, url = real_redis, redis_server.url
     exp = f"stall_{os.getpid()}"
+    ns = f"{exp}/r1"  # the run's key namespace (--run-name r1)
     env = worker_env(url)
-    procs = [subprocess.Popen([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url,
+    procs = [subprocess.Popen([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--run-name", "r1",
                                "--set", f"exp_name={exp}", "--set", "env.stop_value=100000",
                                "--set", "commander.collector_task_space=1", "--set", "commander.eval_task_space=0",
                                "--set", "commander.eval_every_train_iter=0", "--set", "commander.eval_interval=0",
@@ -65,43 +66,43 @@ def test_stalled_collector_is_fenced_after_being_declared_dead(real_redis, redis
     pid = None
     try:
         def running_collector():
-            tasks = {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.tasks(exp)).items()}
+            tasks = {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.tasks(ns)).items()}
             for tid, rec in tasks.items():
                 if rec["kind"] == "collector" and rec["started"]:
                     buf = rec["task"]["buffer_id"]
-                    if chunks_of(conn, exp, buf, tid) >= 2:
+                    if chunks_of(conn, ns, buf, tid) >= 2:
                         return tid, buf
             return None
 
         found = wait_for(running_collector, 90)
         assert found, "no collector task sent data within 90 s"
         tid, buf = found
-        pid = next(int(e["pid"]) for e in events(conn, exp) if e["type"] == "started" and e["task_id"] == tid)
+        pid = next(int(e["pid"]) for e in events(conn, ns) if e["type"] == "started" and e["task_id"] == tid)
         os.kill(pid, signal.SIGSTOP)
-        declared = wait_for(lambda: not conn.hexists(keys.tasks(exp), tid), 30)
+        declared = wait_for(lambda: not conn.hexists(keys.tasks(ns), tid), 30)
         assert declared, f"the coordinator never declared stalled task {tid} dead"
-        assert not conn.exists(keys.lease(exp, tid)), "the dead task's lease was not revoked"
-        sent_before = chunks_of(conn, exp, buf, tid)
-        replacement = wait_for(lambda: [e for e in events(conn, exp) if e["type"] == "started"
+        assert not conn.exists(keys.lease(ns, tid)), "the dead task's lease was not revoked"
+        sent_before = chunks_of(conn, ns, buf, tid)
+        replacement = wait_for(lambda: [e for e in events(conn, ns) if e["type"] == "started"
                                         and e["task_type"] == "collector" and e["task_id"] != tid], 30)
         assert replacement, "no replacement collector task started"
 
         os.kill(pid, signal.SIGCONT)  # the zombie resumes mid-task
-        failed = wait_for(lambda: [e for e in events(conn, exp) if e["type"] == "failed" and e["task_id"] == tid], 20)
+        failed = wait_for(lambda: [e for e in events(conn, ns) if e["type"] == "failed" and e["task_id"] == tid], 20)
         time.sleep(1.0)  # anything it could still have written lands by now
-        assert chunks_of(conn, exp, buf, tid) == sent_before, "a write of the revoked task was accepted"
+        assert chunks_of(conn, ns, buf, tid) == sent_before, "a write of the revoked task was accepted"
         assert failed, f"the resumed task {tid} did not fail on its revoked lease"
-        assert "LeaseRevoked" in failed[0]["error"] and keys.lease(exp, tid) in failed[0]["error"], failed[0]
+        assert "LeaseRevoked" in failed[0]["error"] and keys.lease(ns, tid) in failed[0]["error"], failed[0]
         # The replacement still delivers.
         new_tid = replacement[0]["task_id"]
-        assert wait_for(lambda: chunks_of(conn, exp, buf, new_tid) > 0, 30), "the replacement sent nothing"
+        assert wait_for(lambda: chunks_of(conn, ns, buf, new_tid) > 0, 30), "the replacement sent nothing"
     finally:
         if pid is not None:
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        conn.set(keys.stop(exp), "test over")
+        conn.set(keys.stop(ns), "test over")
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:

@@ -26,6 +26,8 @@ def _events(conn, exp):
     ("task_id", "a:b", "field 'task_id'"),
     ("exp_name", ["x"], "field 'exp_name'"),
     ("run_id", None, "field 'run_id'"),
+    ("run_name", "a/b", "field 'run_name'"),
+    ("run_name", 7, "field 'run_name'"),
     ("eval_flag", "yes", "field 'eval_flag' = 'yes' is str, must be true or false"),
     ("collect_setting", "abc", "field 'collect_setting' is str"),
     ("collect_setting", {"eps": "0.1"}, "field 'collect_setting.eps'"),
@@ -54,12 +56,12 @@ def test_unknown_experiment_and_stale_run_fail_with_their_reason(real_redis, red
     with pytest.raises(StaleTask, match="belongs to run 'run-old'.*current run is 'run-bad'"):
         run_collector_task(stale)
     real_redis.delete(keys.run(small_cfg.exp_name))
-    with pytest.raises(StaleTask, match="unknown experiment 'test_exp'"):
+    with pytest.raises(StaleTask, match="unknown run 'test_exp'"):
         run_collector_task(task)
     learner = dict(task, task_type="learner", resume=False)
     for k in ("eval_flag", "collect_setting", "envstep"):
         learner.pop(k)
-    with pytest.raises(StaleTask, match="unknown experiment"):
+    with pytest.raises(StaleTask, match="unknown run"):
         run_learner_task(learner)
 
 

@@ -15,8 +15,11 @@ FUNC = {"collector": "workers.collector.run_collector_task", "learner": "workers
 
 
 def enqueue(conn, kind, exp, task_id):
+    """A job whose task belongs to namespace ``exp`` (``EXP`` or a run's ``EXP/RUN``)."""
+    exp_name, run_name = keys.split_namespace(exp)
+    task = {"exp_name": exp_name, "task_id": task_id, **({"run_name": run_name} if run_name else {})}
     q = Queue(kind, connection=conn)
-    return q, q.enqueue_call(FUNC[kind], args=({"exp_name": exp, "task_id": task_id},), job_id=task_id)
+    return q, q.enqueue_call(FUNC[kind], args=(task,), job_id=task_id)
 
 
 def make_started(conn, kind, exp, task_id):
@@ -46,7 +49,7 @@ def fill_experiment(conn, exp, prefix):
     conn.hset(keys.commander(exp), mapping={"envstep": 10})
     conn.set(keys.heartbeat(exp, f"{prefix}_collector_1"), "1", px=10_000)
     conn.incrby(keys.envstep(exp), 500)
-    conn.sadd(keys.experiments(), exp)
+    conn.sadd(keys.runs(), exp)
     enqueue(conn, "collector", exp, f"{prefix}_collector_1")
     enqueue(conn, "collector", exp, f"{prefix}_collector_2")
     make_started(conn, "learner", exp, f"{prefix}_learner_1")
@@ -87,7 +90,7 @@ def test_dry_run_lists_and_deletes_nothing(two_exps, capsys):
     assert "stream  1 entries" in out
     assert "hash    2 fields" in out
     assert "string  100 bytes" in out
-    assert "experiment exp_a: 7 keys, 4 RQ jobs" in out
+    assert "exp_a: 7 keys, 4 RQ jobs" in out
     for jid in a_jobs:
         assert jid in out
     assert "rqrl:exp_ab" not in out and "b_collector" not in out
@@ -102,7 +105,7 @@ def test_plan_finds_jobs_everywhere(two_exps):
     assert where["a_learner_1"] == ("learner", ["started"], "started")
     assert where["a_collector_0"] == ("collector", ["failed"], "failed")
     assert where["a_collector_1"][1] == ["queued"]
-    assert p.in_experiments_set and not p.coordinator
+    assert p.listed == ["exp_a"] and not p.coordinator
 
 
 def test_yes_deletes_exactly_that_experiment(two_exps, capsys):
@@ -114,7 +117,7 @@ def test_yes_deletes_exactly_that_experiment(two_exps, capsys):
     left = all_keys(conn)
     assert not any(k.startswith("rqrl:exp_a:") for k in left)
     assert b_keys <= left
-    assert conn.smembers(keys.experiments()) == {b"exp_ab"}
+    assert conn.smembers(keys.runs()) == {b"exp_ab"}
     assert rq_job_ids(conn) == b_jobs
     for jid in a_jobs:
         assert not Job.exists(jid, connection=conn)
@@ -142,6 +145,23 @@ def test_refuses_while_coordinator_alive(two_exps, capsys):
     assert clean.clean(conn, "exp_a", yes=True, force=True) == 0
     assert not any(k.startswith("rqrl:exp_a:") for k in all_keys(conn))
     assert not (rq_job_ids(conn) & a_jobs)
+
+
+def test_one_run_or_every_run_of_an_experiment(fake_redis, capsys):
+    s1, s2 = "exp_c/20261130T021500Z-s1", "exp_c/20261130T021500Z-s2"
+    jobs1, jobs2 = fill_experiment(fake_redis, s1, "c1"), fill_experiment(fake_redis, s2, "c2")
+    other = fill_experiment(fake_redis, "exp_cd/20261130T021500Z-s1", "d")  # a prefix as a string only
+    assert {j.job_id for j in clean.plan(fake_redis, s1).jobs} == jobs1
+    assert {j.job_id for j in clean.plan(fake_redis, "exp_c").jobs} == jobs1 | jobs2
+    assert clean.clean(fake_redis, s1, yes=True) == 0  # one run: the other seed's run stays
+    left = all_keys(fake_redis)
+    assert not any(k.startswith(f"rqrl:{s1}:") for k in left) and any(k.startswith(f"rqrl:{s2}:") for k in left)
+    assert rq_job_ids(fake_redis) == jobs2 | other
+    assert clean.clean(fake_redis, "exp_c", yes=True) == 0  # the experiment: every run of it
+    assert "deleted 7 keys and 4 RQ jobs of exp_c" in capsys.readouterr().out
+    assert not any(k.startswith("rqrl:exp_c/") for k in all_keys(fake_redis))
+    assert rq_job_ids(fake_redis) == other
+    assert fake_redis.smembers(keys.runs()) == {b"exp_cd/20261130T021500Z-s1"}
 
 
 def test_invalid_exp_name(fake_redis, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
 
 import pytest
@@ -28,7 +29,7 @@ EXP = "cartpole_dqn"
     (lambda: keys.buffer_stats(EXP, "buffer_1a2b"), "rqrl:cartpole_dqn:buffer:buffer_1a2b:stats"),
     (lambda: keys.tasks(EXP), "rqrl:cartpole_dqn:tasks"),
     (lambda: keys.lease(EXP, "learner_task_0123"), "rqrl:cartpole_dqn:task:learner_task_0123:lease"),
-    (lambda: keys.experiments(), "rqrl:experiments"),
+    (lambda: keys.runs(), "rqrl:runs"),
     (lambda: keys.learner_group(EXP, "group_0123"), "rqrl:cartpole_dqn:learner_group:group_0123"),
     (lambda: keys.all_keys_pattern(EXP), "rqrl:cartpole_dqn:*"),
 ])
@@ -46,7 +47,7 @@ def test_docstring_table_matches_builders():
         keys.events("E"), keys.buffer_meta("E", "B"), keys.data("E", "D"), keys.policy("E", "P"),
         keys.ckpt("E", "N"), keys.policy_updates("E", "P"), keys.envstep("E"), keys.commander("E"),
         keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.heartbeat("E", "T"),
-        keys.experiments(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"), keys.evals("E"),
+        keys.runs(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"), keys.evals("E"),
         keys.evaluated_policy("E", "T"), keys.learner_group("E", "G"),
     }
     documented = set()
@@ -98,10 +99,25 @@ def test_valid_components_with_dashes_dots_underscores():
 
 
 def test_experiment_keys_match_pattern():
-    import fnmatch
 
     pattern = keys.all_keys_pattern(EXP)
     for k in (keys.events(EXP), keys.data(EXP, "d"), keys.heartbeat(EXP, "t"), keys.stop(EXP)):
         assert fnmatch.fnmatchcase(k, pattern)
     assert not fnmatch.fnmatchcase(keys.events("other"), pattern)
-    assert not fnmatch.fnmatchcase(keys.experiments(), pattern)
+    assert not fnmatch.fnmatchcase(keys.runs(), pattern)
+
+
+def test_run_namespace_is_the_key_prefix_and_the_run_folder():
+    ns = keys.namespace("cartpole_dqn", "20261130T021500Z-s1")
+    assert ns == "cartpole_dqn/20261130T021500Z-s1"
+    assert keys.events(ns) == "rqrl:cartpole_dqn/20261130T021500Z-s1:events"
+    assert keys.split_namespace(ns) == ("cartpole_dqn", "20261130T021500Z-s1")
+    assert keys.namespace("cartpole_dqn") == "cartpole_dqn" and keys.split_namespace("cartpole_dqn") == ("cartpole_dqn", "")
+    # One run's keys are not matched by another's pattern, nor by the experiment's own.
+    other = keys.namespace("cartpole_dqn", "20261130T021500Z-s2")
+    assert not fnmatch.fnmatchcase(keys.events(other), keys.all_keys_pattern(ns))
+    assert not fnmatch.fnmatchcase(keys.events(ns), keys.all_keys_pattern("cartpole_dqn"))
+    assert fnmatch.fnmatchcase(keys.events(ns), keys.runs_keys_pattern("cartpole_dqn"))
+    for bad in ("a/b", "a:b", "", "a b"):
+        with pytest.raises(ValueError):
+            keys.namespace("cartpole_dqn", bad) if bad else keys.namespace("", "r")

@@ -1,4 +1,4 @@
-"""``rqrl status`` reads only Redis: queues, live workers, experiments, throughput, last eval."""
+"""``rqrl status`` reads only Redis: queues, live workers, runs, throughput, last eval."""
 
 from __future__ import annotations
 
@@ -11,24 +11,27 @@ from common import events, keys, streams
 from coordinator.status import collect_status, render
 
 
-def _seed(conn):
-    conn.sadd(keys.experiments(), "exp_a")
-    conn.hset(keys.commander("exp_a"), mapping=streams.encode_fields({
+RUN = "exp_a/20261130T021500Z-s1"  # a run's namespace, as the coordinator makes it
+
+
+def _seed(conn, ns=RUN):
+    conn.sadd(keys.runs(), ns)
+    conn.hset(keys.commander(ns), mapping=streams.encode_fields({
         "envstep": 12000, "train_iter": 3400, "last_eval_reward_mean": 187.5, "stop_value": 195.0,
         "converged": False, "wall_seconds": 42.0}))
-    conn.set(keys.coordinator_alive("exp_a"), "coordinator-host-1", px=5000)
-    conn.set(keys.heartbeat("exp_a", "collector_task_1"), "w", px=4000)
+    conn.set(keys.coordinator_alive(ns), "coordinator-host-1", px=5000)
+    conn.set(keys.heartbeat(ns, "collector_task_1"), "w", px=4000)
     # The coordinator's running tasks: collector_task_1 executes; collector_task_0 finished (its
     # heartbeat key lingers until the TTL runs out); collector_task_2 is queued, not started.
-    conn.set(keys.heartbeat("exp_a", "collector_task_0"), "w", px=4000)
-    conn.hset(keys.tasks("exp_a"), mapping={
+    conn.set(keys.heartbeat(ns, "collector_task_0"), "w", px=4000)
+    conn.hset(keys.tasks(ns), mapping={
         "collector_task_1": json.dumps({"kind": "collector", "started": True}),
         "collector_task_2": json.dumps({"kind": "collector", "started": False})})
-    conn.hset(keys.commander("exp_a"), "state", json.dumps({"commander": {}, "t0": 1.0}))
+    conn.hset(keys.commander(ns), "state", json.dumps({"commander": {}, "t0": 1.0}))
     now = time.time()
     # Two learner reports 10 s apart: 5,000 env steps and 1,000 iterations in between.
     for ts, it, env in ((now - 10, 1000, 5000), (now, 2000, 10000)):
-        conn.xadd(keys.events("exp_a"), streams.encode_fields({
+        conn.xadd(keys.events(ns), streams.encode_fields({
             "type": "learner_info", "task_id": "learner_task_1", "task_type": "learner", "ts": ts,
             "train_iter": it, "collector_envstep": env}), id=f"{int(ts * 1000)}-0")
 
@@ -38,7 +41,7 @@ def test_collect_status_reports_everything_from_redis(fake_redis):
     Queue(keys.COLLECTOR_QUEUE, connection=fake_redis).enqueue_call("builtins.len", args=([1],))
     st = collect_status(fake_redis)
     assert st["queues"]["collector"]["queued"] == 1 and st["queues"]["learner"]["queued"] == 0
-    exp = st["experiments"]["exp_a"]
+    exp = st["runs"][RUN]
     assert exp["summary"]["train_iter"] == 3400 and exp["summary"]["last_eval_reward_mean"] == 187.5
     assert exp["coordinator"] == "coordinator-host-1" and exp["stopped"] == ""
     assert [t["task_id"] for t in exp["tasks_alive"]] == ["collector_task_1"]  # executing only
@@ -71,17 +74,17 @@ def test_status_without_redis_fails_within_two_seconds(capsys):
 
 def test_render_fits_80_columns_and_shows_the_figures(fake_redis):
     _seed(fake_redis)
-    fake_redis.set(keys.stop("exp_a"), "converged: eval reward_mean 201.00 >= stop_value 195.0")
+    fake_redis.set(keys.stop(RUN), "converged: eval reward_mean 201.00 >= stop_value 195.0")
     text = render(collect_status(fake_redis))
     assert all(len(line) <= 80 for line in text.splitlines()), text
-    assert "EXPERIMENT exp_a" in text and "stopped: converged" in text
+    assert f"RUN {RUN}" in text and "stopped: converged" in text
     assert "187.5 / stop_value 195.0" in text and "12,000" in text
     assert "collector_task_1" in text
 
 
 def test_status_of_an_empty_redis(fake_redis):
     text = render(collect_status(fake_redis))
-    assert "no experiments in this Redis" in text
+    assert "no runs in this Redis" in text
 
 
 def test_events_emit_validates(fake_redis):
@@ -89,3 +92,12 @@ def test_events_emit_validates(fake_redis):
 
     with pytest.raises(ValueError, match="event type"):
         events.emit(fake_redis, "e", "bogus", "t", "collector")
+
+
+def test_status_lists_runs_of_one_experiment_or_one_run(fake_redis):
+    other_seed, other_exp = "exp_a/20261130T021500Z-s2", "exp_b/20261130T021500Z-s1"
+    for ns in (RUN, other_seed, other_exp):
+        _seed(fake_redis, ns)
+    assert sorted(collect_status(fake_redis)["runs"]) == [RUN, other_seed, other_exp]
+    assert sorted(collect_status(fake_redis, "exp_a")["runs"]) == [RUN, other_seed]
+    assert list(collect_status(fake_redis, other_seed)["runs"]) == [other_seed]

@@ -1,0 +1,304 @@
+"""``rqrl sweep CONFIG --seeds 0-4``: the seeds of one config as concurrent runs on one Redis and
+one shared worker fleet, then a table and a plot across seeds.
+
+Each seed is an ordinary run (``./{exp_name}/{run_name}/``, its own coordinator and Redis key
+namespace, see coordinator/runs.py). The fleet: one ``rq worker learner`` per seed (a learner
+task lasts its run) and ``--collectors`` + 1 ``rq worker collector`` (the extra one for eval
+tasks, which go to the front of the queue). Fair share: each run may hold at most
+``collectors // seeds`` (at least 1) collector tasks at once (``commander.collector_task_space``).
+
+When every run has ended, each run's ``final.pt`` is re-evaluated on ``--eval-episodes`` fresh
+episodes (episode seeds no run used), and the sweep folder ``./{exp_name}/sweep-{UTC time}/``
+gets ``sweep.json`` and ``sweep.md`` (per seed: exit, time to solve, env steps, train
+iterations, re-eval mean ± std; median and min-max across seeds) and ``sweep.png`` (eval return
+against env steps: mean over the seeds and their min-max band).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import redis
+from easydict import EasyDict
+
+from common import keys, streams
+from coordinator import runs
+from coordinator.launcher import _WORKER_CLASS, Launcher, Progress, _rq_command
+
+# Episode seeds of the re-evaluation: far from the small seeds training and its evals use.
+REEVAL_SEED_BASE = 1_000_000
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"1,3,7"`` and mixes like ``"0-2,9"`` too.
+
+    Raises:
+        ValueError: not a list of non-negative integers and ranges, a range going down, or a
+            seed given twice.
+    """
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise ValueError(f"--seeds {text!r}: {part!r} is not N or N-M") from None
+        if a < 0 or b < a:
+            raise ValueError(f"--seeds {text!r}: {part!r} must be non-negative and not go down")
+        seeds.extend(range(a, b + 1))
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r}: a seed is given twice")
+    return seeds
+
+
+def _spread(values: list[float]) -> dict[str, Optional[float]]:
+    """Median, min and max of ``values`` (None each when empty)."""
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": float(statistics.median(values)), "min": float(min(values)), "max": float(max(values))}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Across seeds: how many solved, and median / min / max of time to solve (seconds, solved
+    runs only), env steps and train iterations (solved runs only, when any solved; else all
+    runs) and the re-evaluation mean of final.pt (every run that has one)."""
+    solved = [r for r in rows if r["solved"]]
+    pool = solved or rows
+    return {
+        "seeds": len(rows), "solved": len(solved),
+        "time_to_solve_s": _spread([r["wall_seconds"] for r in solved]),
+        "env_steps": _spread([float(r["envstep"]) for r in pool]),
+        "train_iter": _spread([float(r["train_iter"]) for r in pool]),
+        "reeval_mean": _spread([r["reeval_mean"] for r in rows if r["reeval_mean"] is not None]),
+        "figures_over": "solved runs" if solved else "all runs (none solved)",
+    }
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render_markdown(title: str, rows: list[dict[str, Any]], summary: dict[str, Any], stop_value: Any,
+                    episodes: int) -> str:
+    """The table as markdown: one row per seed, then median [min, max] across seeds."""
+    lines = [f"## {title}", "",
+             f"stop_value {stop_value}; final.pt re-evaluated on {episodes} fresh episodes per seed.", "",
+             "| seed | run | exit | solved | time to solve (s) | env steps | train iters | re-eval of final.pt |",
+             "| ---: | --- | ---: | :---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        reeval = "-" if r["reeval_mean"] is None else f"{r['reeval_mean']:.1f} ± {r['reeval_std']:.1f}"
+        lines.append(f"| {r['seed']} | {r['run_name']} | {r['exit_code']} | {'yes' if r['solved'] else 'no'} | "
+                     f"{_fmt(r['wall_seconds']) if r['solved'] else '-'} | {r['envstep']:,} | {r['train_iter']:,} | "
+                     f"{reeval} |")
+
+    def cell(key: str, spec: str) -> str:
+        s = summary[key]
+        return "-" if s["median"] is None else f"{format(s['median'], spec)} [{format(s['min'], spec)}, {format(s['max'], spec)}]"
+
+    lines += ["", f"Across seeds, median [min, max] ({summary['figures_over']} for time, env steps, train iters):", "",
+              "| solved | time to solve (s) | env steps | train iters | re-eval of final.pt |",
+              "| :---: | ---: | ---: | ---: | ---: |",
+              f"| {summary['solved']}/{summary['seeds']} | {cell('time_to_solve_s', '.1f')} | {cell('env_steps', ',.0f')} "
+              f"| {cell('train_iter', ',.0f')} | {cell('reeval_mean', '.1f')} |"]
+    return "\n".join(lines) + "\n"
+
+
+def band(curves: list[list[tuple[float, float]]], points: int = 200) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Mean and min-max of eval return across runs on a common env-step grid.
+
+    Args:
+        curves: per run, ``(env steps, reward_mean)`` points in any order.
+        points: grid size, from 0 to the largest env step of any run.
+
+    Returns:
+        ``(grid, mean, lo, hi)``: each run is interpolated linearly between its evals and counts
+        only within its own env-step range (a run that solved early does not pull the mean
+        after its end); grid points no run covers are dropped.
+    """
+    import numpy as np
+
+    curves = [sorted(c) for c in curves if c]
+    if not curves:
+        return [], [], [], []
+    top = max(c[-1][0] for c in curves)
+    grid = np.linspace(0.0, top, points)
+    stack = np.full((len(curves), points), np.nan)
+    for i, c in enumerate(curves):
+        x, y = np.array([p[0] for p in c]), np.array([p[1] for p in c])
+        inside = (grid >= x[0]) & (grid <= x[-1])
+        stack[i, inside] = np.interp(grid[inside], x, y)
+    keep = ~np.all(np.isnan(stack), axis=0)
+    stack, grid = stack[:, keep], grid[keep]
+    return (grid.tolist(), np.nanmean(stack, axis=0).tolist(), np.nanmin(stack, axis=0).tolist(),
+            np.nanmax(stack, axis=0).tolist())
+
+
+def plot_sweep(curves: dict[int, list[tuple[float, float]]], stop_value: Optional[float], path: Path, title: str) -> Path:
+    """``sweep.png``: eval return against env steps, mean across seeds with a min-max band, and
+    each seed's evals as a thin line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    grid, mean, lo, hi = band(list(curves.values()))
+    for seed, c in sorted(curves.items()):
+        c = sorted(c)
+        ax.plot([p[0] for p in c], [p[1] for p in c], linewidth=0.8, alpha=0.45, label=f"seed {seed}")
+    if grid:
+        ax.fill_between(grid, lo, hi, alpha=0.2, color="tab:blue", linewidth=0, label="min-max across seeds")
+        ax.plot(grid, mean, color="tab:blue", linewidth=2, label=f"mean of {len(curves)} seeds")
+    else:
+        ax.text(0.5, 0.5, "no evaluations", transform=ax.transAxes, ha="center", va="center", color="gray")
+    if stop_value is not None:
+        ax.axhline(float(stop_value), color="tab:red", linestyle="--", linewidth=1, label=f"stop value {float(stop_value):g}")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("eval episode return")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+class Sweep(Launcher):
+    """Runs the seeds of one config at once on one Redis and one worker fleet (module docstring).
+
+    Args:
+        cfg: the compiled config (any seed: exp_name, stop_value and the eval slot are read).
+        config_path: the config file handed to every coordinator.
+        redis_url: an existing Redis, or None for a private one.
+        collectors: collector tasks at once across the sweep.
+        coordinator_args: extra arguments for every ``python -m coordinator`` (``--set``).
+        seeds: one run per seed.
+        eval_episodes: episodes of the re-evaluation of each final.pt (0: none).
+    """
+
+    def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
+                 coordinator_args: list[str], seeds: list[int], eval_episodes: int = 20, out_dir: str = ".") -> None:
+        self.sweep_dir = _reserve_sweep_dir(Path(out_dir) / cfg.exp_name)
+        super().__init__(cfg, config_path, redis_url, collectors, coordinator_args, self.sweep_dir.name, out_dir)
+        self.log_dir = self.sweep_dir / "log"  # the fleet's and the coordinators' output
+        self.seeds = seeds
+        self.share = max(1, collectors // len(seeds))
+        self.eval_episodes = eval_episodes
+        self.run_names = {s: runs.reserve_run_dir(self.out_dir, cfg.exp_name, s).name for s in seeds}
+        self.codes: dict[int, Optional[int]] = {s: None for s in seeds}
+
+    def _namespaces(self) -> list[str]:
+        return [keys.namespace(self.cfg.exp_name, r) for r in self.run_names.values()]
+
+    def _run(self) -> int:
+        url, env, conn = self._prepare()
+        config_path = str(Path(self.config_path).resolve())
+        for s, run_name in self.run_names.items():
+            self._spawn(f"coordinator-s{s}", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
+                                              "--run-name", run_name, "--seed", str(s), *self.coordinator_args,
+                                              f"--set=commander.collector_task_space={self.share}"], env)
+        rq, stamp = _rq_command(), f"{os.getpid()}"
+        for i in range(len(self.seeds)):
+            self._spawn(f"learner{i}", [*rq, "worker", keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
+                                        "--name", f"{self.cfg.exp_name}-sweep-learner{i}-{stamp}"], env)
+        for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
+            self._spawn(f"collector{i}", [*rq, "worker", keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
+                                          "--name", f"{self.cfg.exp_name}-sweep-collector{i}-{stamp}"], env)
+        print(f"sweep of seeds {self.seeds}: runs {', '.join(self.run_names.values())} in ./{self.cfg.exp_name}/, "
+              f"up to {self.share} collector tasks each; logs in {self.log_dir}/", file=sys.stderr)
+        self._follow_all(conn)
+        # A run that converged (0) or used up its budget (2) is a result; any other exit a failure.
+        return 0 if all(c in (0, 2) for c in self.codes.values()) else 1
+
+    def _follow_all(self, conn: redis.Redis) -> None:
+        """Until every coordinator exits: one progress line per run, from their events streams
+        (one XREAD BLOCK on all of them)."""
+        progress = {s: Progress(float(self.cfg.env.stop_value)) for s in self.seeds}
+        streams_of = {keys.events(keys.namespace(self.cfg.exp_name, r)): s for s, r in self.run_names.items()}
+        last = {k: "0" for k in streams_of}
+        t0, next_print = time.time(), 0.0
+        while any(c is None for c in self.codes.values()):
+            try:
+                reply = conn.xread(dict(last), count=500, block=500)
+            except redis.RedisError as e:
+                print(f"redis error while following the sweep: {e}", file=sys.stderr)
+                reply = []
+            for stream, entries in reply or []:
+                name = stream.decode() if isinstance(stream, bytes) else stream
+                for entry_id, raw in entries:
+                    last[name] = entry_id
+                    ev = streams.decode_fields(raw)
+                    if float(ev.get("ts", 0)) >= t0 - 1:
+                        progress[streams_of[name]].update(ev)
+            for s in self.seeds:
+                proc = self.children[f"coordinator-s{s}"]
+                if self.codes[s] is None and proc.poll() is not None:
+                    self.codes[s] = proc.returncode
+                    print(f"seed {s} ({self.run_names[s]}) ended with exit code {proc.returncode}", file=sys.stderr)
+            if time.time() >= next_print:
+                next_print = time.time() + 5.0
+                print(" | ".join(f"s{s} {p.envstep:,} steps {'-' if p.eval is None else f'{p.eval:.0f}'}"
+                                 for s, p in progress.items()) + f" | {time.time() - t0:.0f} s", file=sys.stderr)
+
+    def report(self) -> dict[str, Any]:
+        """Re-evaluate each final.pt, write sweep.json / sweep.md / sweep.png; returns sweep.json's content."""
+        import torch
+
+        from coordinator.evaluate import EvalError, evaluate_checkpoint
+
+        torch.set_num_threads(1)  # one observation at a time (as rqrl eval): threads only add overhead
+        rows, curves = [], {}
+        for s, run_name in self.run_names.items():
+            run_dir = self.out_dir / self.cfg.exp_name / run_name
+            summary_path = run_dir / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+            row = {"seed": s, "run_name": run_name, "exit_code": self.codes[s], "status": summary.get("status", ""),
+                   "solved": summary.get("exit_code") == 0 and bool(summary.get("converged")),
+                   "wall_seconds": summary.get("wall_seconds"), "envstep": int(summary.get("envstep") or 0),
+                   "train_iter": int(summary.get("train_iter") or 0), "reeval_mean": None, "reeval_std": None,
+                   "reeval_episodes": 0}
+            final = run_dir / "final.pt"
+            if self.eval_episodes > 0 and final.is_file():
+                print(f"re-evaluating seed {s}'s final.pt on {self.eval_episodes} fresh episodes ...", file=sys.stderr,
+                      flush=True)
+                try:
+                    res = evaluate_checkpoint(final, episodes=self.eval_episodes, seed=REEVAL_SEED_BASE + 1000 * s)
+                    row.update(reeval_mean=res.mean, reeval_std=res.std, reeval_episodes=len(res.returns))
+                except EvalError as e:
+                    row["status"] += f"; re-eval failed: {e}"
+            rows.append(row)
+            evals = run_dir / "evals.jsonl"
+            points = [json.loads(ln) for ln in evals.read_text().splitlines() if ln.strip()] if evals.is_file() else []
+            curves[s] = [(float(p["envstep"]), float(p["reward_mean"])) for p in points]
+        summary = summarize(rows)
+        title = f"{self.cfg.exp_name} ({self.cfg.env.env_id}), seeds {','.join(map(str, self.seeds))}"
+        out = {"exp_name": self.cfg.exp_name, "env_id": self.cfg.env.env_id, "stop_value": self.cfg.env.stop_value,
+               "eval_episodes": self.eval_episodes, "runs": rows, "summary": summary}
+        (self.sweep_dir / "sweep.json").write_text(json.dumps(out, indent=2) + "\n")
+        md = render_markdown(title, rows, summary, self.cfg.env.stop_value, self.eval_episodes)
+        (self.sweep_dir / "sweep.md").write_text(md)
+        plot_sweep(curves, self.cfg.env.stop_value, self.sweep_dir / "sweep.png", title)
+        print(md + f"\nwritten: {self.sweep_dir}/sweep.md, sweep.json, sweep.png", flush=True)
+        return out
+
+
+def _reserve_sweep_dir(exp_dir: Path) -> Path:
+    """A new ``exp_dir/sweep-{UTC time}`` folder (``-2``, ``-3``, ... when taken)."""
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    base = "sweep-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1, 1000):
+        path = exp_dir / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise ValueError(f"no free sweep folder under {exp_dir} for {base}")
