@@ -58,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from rq import Queue
 
-    from common import keys
-
     # Collector tasks in flight: the cap, else the workers up now (at least the launcher's two).
     collectors = cfg.commander.collector_task_space or max(
         2, live_workers(conn, Queue(keys.COLLECTOR_QUEUE, connection=conn)))

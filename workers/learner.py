@@ -425,7 +425,7 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
 
 def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Optional[str],
            group: Optional[LearnerGroup]) -> dict[str, Any]:
-    exp, task_id = task["exp_name"], task["task_id"]
+    exp, task_id = task_namespace(task), task["task_id"]
     lead = group is None or group.rank == 0  # publishes, checkpoints and reports
     policy = create_policy(cfg, spec, modes=("learn",), device=device)
     if task.get("resume"):
