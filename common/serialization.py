@@ -3,10 +3,15 @@
 An array travels as ext type 1 whose payload is ``msgpack([dtype.str, shape]) + raw bytes``
 (C order), so dtype (including byte order), shape, 0-d arrays and empty arrays round-trip
 exactly. numpy scalars are sent as plain Python numbers. Object arrays are refused.
+
+Copies: :func:`dumps` copies an array's bytes once into the ext payload (then msgpack once
+into its output); :func:`loads` with ``copy=False`` returns read-only arrays that alias the
+ext payloads msgpack hands over (for a reader that copies the rows into its own storage anyway).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -26,13 +31,14 @@ def _default(obj: Any) -> Any:
         # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
         arr = obj if obj.flags.c_contiguous else obj.copy(order="C")
         header = msgpack.packb([arr.dtype.str, list(arr.shape)])
-        return msgpack.ExtType(_NDARRAY, header + arr.tobytes())
+        # One copy (the join reads the array's buffer), where tobytes() + concatenation made two.
+        return msgpack.ExtType(_NDARRAY, b"".join((header, arr.reshape(-1).view(np.uint8))))
     if isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"cannot serialise {type(obj).__name__}: only dicts, lists, str, bytes, numbers and numpy arrays")
 
 
-def _ext_hook(code: int, payload: bytes) -> Any:
+def _ext_hook(code: int, payload: bytes, copy: bool = True) -> Any:
     if code != _NDARRAY:
         raise DecodeError(f"unknown msgpack extension type {code}")
     unpacker = msgpack.Unpacker(raw=False)
@@ -42,9 +48,9 @@ def _ext_hook(code: int, payload: bytes) -> Any:
     dtype = np.dtype(dtype_str)
     if dtype.hasobject:
         raise DecodeError("object arrays are refused")
-    arr = np.frombuffer(payload, dtype=dtype, offset=offset)
-    # frombuffer is read-only and aliases the payload; copy so callers own writable memory.
-    return arr.reshape(shape).copy()
+    arr = np.frombuffer(payload, dtype=dtype, offset=offset).reshape(shape)
+    # frombuffer is read-only and aliases the payload: a copy gives callers writable memory.
+    return arr.copy() if copy else arr
 
 
 def dumps(obj: Any) -> bytes:
@@ -56,12 +62,13 @@ def dumps(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_default, use_bin_type=True)
 
 
-def loads(data: bytes, what: str = "payload") -> Any:
+def loads(data: bytes, what: str = "payload", copy: bool = True) -> Any:
     """Inverse of :func:`dumps`.
 
     Args:
         data: the bytes.
         what: name of the source (e.g. the Redis key) used in the error message.
+        copy: False returns read-only arrays without copying their bytes (see module docstring).
 
     Raises:
         DecodeError: truncated, garbage or otherwise invalid bytes, naming ``what``.
@@ -69,7 +76,8 @@ def loads(data: bytes, what: str = "payload") -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise DecodeError(f"{what}: expected bytes, got {type(data).__name__}")
     try:
-        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+        return msgpack.unpackb(data, ext_hook=_ext_hook if copy else partial(_ext_hook, copy=False), raw=False,
+                               strict_map_key=False)
     except DecodeError as e:
         raise DecodeError(f"{what}: {e}") from None
     except Exception as e:  # msgpack raises several unrelated exception types on bad input

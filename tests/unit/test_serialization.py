@@ -106,6 +106,17 @@ def test_decoded_arrays_are_writable_and_own_memory():
     assert loads(payload)["a"][0] == 0.0
 
 
+@pytest.mark.parametrize("shape", [(), (0, 4), (3, 4), (2, 3, 4)])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.bool_, ">f8", np.complex64])
+def test_no_copy_decode_is_read_only_and_equal(dtype, shape):
+    a = (np.arange(int(np.prod(shape))) % 7).astype(dtype).reshape(shape)
+    got = loads(dumps({"a": a}), copy=False)["a"]
+    assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+    assert not got.flags.writeable and not got.flags.owndata  # a view of msgpack's ext payload
+    with pytest.raises(ValueError):
+        got[...] = 0
+
+
 def test_nested_containers_roundtrip():
     obj = {
         "obs": np.ones((2, 4), dtype=np.float32),
