@@ -108,19 +108,21 @@ class Chunk(NamedTuple):
 
 
 def send_chunks(conn: redis.Redis, chunks: Sequence[Chunk], ttl_s: int, maxlen: int) -> list:
-    """Send chunks in one round trip: one MULTI/EXEC holding, per chunk, the blob's SET at its
-    staged key and the chunk script (see ``_SEND_CHUNK``).
+    """Send chunks in one round trip: a pipeline holding, per chunk, the blob's SET at its staged
+    key and the chunk script (see ``_SEND_CHUNK``). No MULTI/EXEC is needed: only this call writes
+    the staged key, and the script decides everything else atomically; a staged blob whose
+    script never ran (a lost connection) is written again by the retry, or expires.
 
     Returns:
         The last chunk's ``[1, counter, version|None, envstep_limit|None, stop, policy_error]``;
         ``policy_error`` names the policy key when it could not be read (by any chunk), else ``""``.
 
     Raises:
-        LeaseRevoked: the lease is gone (names it); no chunk of the call was written.
+        LeaseRevoked: the lease is gone (names it); no chunk sent after it was revoked was written.
     """
     script = _script(conn, "send_chunk", _SEND_CHUNK)
     for attempt in (0, 1):
-        pipe = conn.pipeline(transaction=True)
+        pipe = conn.pipeline(transaction=False)
         for c in chunks:
             flat: list[Any] = [int(maxlen), int(c.env_steps)]
             for k, v in c.fields.items():

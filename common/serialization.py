@@ -18,6 +18,7 @@ import msgpack
 import numpy as np
 
 _NDARRAY = 1
+_headers: dict[tuple[str, tuple[int, ...]], bytes] = {}  # packed (dtype, shape) headers: chunks repeat them
 
 
 class DecodeError(ValueError):
@@ -30,7 +31,11 @@ def _default(obj: Any) -> Any:
             raise TypeError(f"cannot serialise an object array (shape {obj.shape}); use numeric dtypes")
         # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
         arr = obj if obj.flags.c_contiguous else obj.copy(order="C")
-        header = msgpack.packb([arr.dtype.str, list(arr.shape)])
+        header = _headers.get((arr.dtype.str, arr.shape))
+        if header is None:
+            if len(_headers) >= 1024:
+                _headers.clear()
+            header = _headers[(arr.dtype.str, arr.shape)] = msgpack.packb([arr.dtype.str, list(arr.shape)])
         # One copy (the join reads the array's buffer), where tobytes() + concatenation made two.
         return msgpack.ExtType(_NDARRAY, b"".join((header, arr.reshape(-1).view(np.uint8))))
     if isinstance(obj, np.generic):

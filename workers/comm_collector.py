@@ -2,8 +2,8 @@
 
 The seed's FlaskFileSystemCollector wrote one file per sample, queued metadata in memory behind
 ``sleep(0.1)`` loops and served it over HTTP. Here :meth:`RedisCommCollector.flush` sends the
-staged chunks in one atomic round trip (common/scripts.py ``send_chunks``), each chunk as a
-SET of its blob and one Lua script: check the task's lease, move the blob to its data key with
+staged chunks in one round trip (common/scripts.py ``send_chunks``), each chunk as a SET of
+its blob and one atomic Lua script: check the task's lease, move the blob to its data key with
 its TTL, XADD its metadata, count it (env-step counter and buffer stats), and read back the
 policy version, the learner's ``envstep_limit`` and the stop flag — refused, writing nothing,
 once the coordinator revoked the task's lease. The collector flushes every chunk of
@@ -231,8 +231,8 @@ class RedisCommCollector:
 
     # -- batching -------------------------------------------------------------------------
     def flush(self, max_wait_s: float = 30.0) -> bool:
-        """Send the staged chunks with their metadata in one atomic round trip; read the policy
-        version, limit and stop flag.
+        """Send the staged chunks with their metadata in one round trip (each chunk atomically); read
+        the policy version, limit and stop flag.
 
         Blocks (pub/sub, at most ``max_wait_s`` seconds) while the collectors are ahead of the
         learner's ``envstep_limit``.

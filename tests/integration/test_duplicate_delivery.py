@@ -85,7 +85,7 @@ def stage(comm: RedisCommCollector, data_id: str, n: int) -> None:
 
 @pytest.mark.parametrize("consumed_before_retry", [False, True], ids=["retry-first", "consumed-first"])
 def test_retried_send_after_lost_reply_delivers_once(real_redis, monkeypatch, consumed_before_retry):
-    """The chunk's MULTI/EXEC ran but its reply was lost: redis-py's Retry sends it again on a new connection."""
+    """The chunk's pipeline ran but its replies were lost: redis-py's Retry sends it again on a new connection."""
     reader, buf = reader_on(real_redis)
     comm = make_collector(real_redis)
     stage(comm, "c_retry", 6)
@@ -94,7 +94,7 @@ def test_retried_send_after_lost_reply_delivers_once(real_redis, monkeypatch, co
 
     def lose_first_exec_reply(pipe, connection, command_name, **options):
         reply = real_parse(pipe, connection, command_name, **options)
-        if isinstance(reply, list) and not lost:  # EXEC's reply (MULTI and queued commands answer a status)
+        if isinstance(reply, list) and not lost:  # the script's reply (the staged SET answers OK)
             lost.append(reply)
             if consumed_before_retry:  # the learner takes the chunk before the client retries
                 side = redis.Redis(connection_pool=redis.ConnectionPool(**real_redis.connection_pool.connection_kwargs))
