@@ -23,6 +23,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -83,9 +84,15 @@ def _rq_worker_main(argv: list[str]) -> int:
 
 
 def _coordinator_main(argv: list[str]) -> int:
-    """``python -m coordinator ARGV...`` in this process; its exit code."""
+    """``python -m coordinator ARGV...`` in this process; its exit code.
+
+    matplotlib (curve.png at the end of the run) imports in a thread meanwhile: at the start
+    the coordinator mostly waits for its workers, at the end that import would delay the exit.
+    """
     from coordinator.__main__ import main
 
+    threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",), daemon=True,
+                     name="preload-matplotlib").start()
     return main(argv)
 
 
