@@ -43,28 +43,37 @@ _WORKER_CLASS = "workers.worker.PreloadWorker"
 class _Child:
     """A forked child process, with the part of ``subprocess.Popen``'s interface the launcher uses.
 
-    Waiting with a timeout blocks on a pidfd (Linux >= 5.3) rather than polling.
+    Waiting with a timeout blocks on a pidfd (Linux >= 5.3); without one it checks every 50 ms.
     """
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: Optional[int] = None
-        self._pidfd = os.pidfd_open(pid)
+        try:
+            self._pidfd: Optional[int] = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
-                os.close(self._pidfd)
+                if self._pidfd is not None:
+                    os.close(self._pidfd)
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """The exit code; raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
-        if self.poll() is None:
-            select.select([self._pidfd], [], [], timeout)
-            if self.poll() is None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            if self._pidfd is not None:
+                select.select([self._pidfd], [], [], left)
+            else:
+                time.sleep(0.05 if left is None else min(0.05, left))
         return self.returncode  # type: ignore[return-value]
 
     def send_signal(self, sig: int) -> None:
