@@ -4,15 +4,19 @@ An array travels as ext type 1 whose payload is ``msgpack([dtype.str, shape]) + 
 (C order), so dtype (including byte order), shape, 0-d arrays and empty arrays round-trip
 exactly. numpy scalars are sent as plain Python numbers. Object arrays are refused.
 
-Copies: :func:`dumps` copies an array's bytes once into the ext payload (then msgpack once
-into its output); :func:`loads` with ``copy=False`` returns read-only arrays that alias the
-ext payloads msgpack hands over (for a reader that copies the rows into its own storage anyway).
+Copies: a dict of str -> array (a chunk, policy weights) is written with one copy of each
+array's bytes, straight into the output (the same bytes ``msgpack.packb`` gives, whose growing
+buffer would copy them several times); :func:`loads` with ``copy=False`` reads such a dict
+with no copy, into read-only arrays that alias ``data`` (for a reader that copies the rows
+into its own storage anyway). Anything else goes through ``msgpack`` as a whole.
 """
 
 from __future__ import annotations
 
 from functools import partial
 from typing import Any
+
+import struct
 
 import msgpack
 import numpy as np
@@ -25,37 +29,129 @@ class DecodeError(ValueError):
     """Raised when bytes are not a valid rqrl msgpack payload (``what`` names the source)."""
 
 
+def _array_parts(obj: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """(packed ``[dtype.str, shape]`` header, the C-order bytes as a flat uint8 view) of an array."""
+    if obj.dtype.hasobject:
+        raise TypeError(f"cannot serialise an object array (shape {obj.shape}); use numeric dtypes")
+    # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
+    arr = obj if obj.flags.c_contiguous else obj.copy(order="C")
+    header = _headers.get((arr.dtype.str, arr.shape))
+    if header is None:
+        if len(_headers) >= 1024:
+            _headers.clear()
+        header = _headers[(arr.dtype.str, arr.shape)] = msgpack.packb([arr.dtype.str, list(arr.shape)])
+    return header, arr.reshape(-1).view(np.uint8)
+
+
+def _ext_head(n: int) -> bytes:
+    """msgpack's header of an ext-1 value with an ``n``-byte payload (the forms msgpack.packb picks)."""
+    fixed = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}.get(n)
+    if fixed is not None:
+        return bytes((fixed, _NDARRAY))
+    if n <= 0xFF:
+        return struct.pack(">BBb", 0xC7, n, _NDARRAY)
+    if n <= 0xFFFF:
+        return struct.pack(">BHb", 0xC8, n, _NDARRAY)
+    return struct.pack(">BIb", 0xC9, n, _NDARRAY)
+
+
+def _dumps_arrays(obj: dict[str, np.ndarray]) -> bytes:
+    """msgpack bytes of a dict of str -> array, each array's bytes copied once (by the join)."""
+    n = len(obj)
+    parts: list[Any] = [bytes((0x80 | n,)) if n <= 15 else struct.pack(">BH", 0xDE, n) if n <= 0xFFFF
+                        else struct.pack(">BI", 0xDF, n)]
+    for key, arr in obj.items():
+        header, body = _array_parts(arr)
+        parts += [msgpack.packb(key), _ext_head(len(header) + body.nbytes), header, body]
+    return b"".join(parts)
+
+
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject:
-            raise TypeError(f"cannot serialise an object array (shape {obj.shape}); use numeric dtypes")
-        # Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).
-        arr = obj if obj.flags.c_contiguous else obj.copy(order="C")
-        header = _headers.get((arr.dtype.str, arr.shape))
-        if header is None:
-            if len(_headers) >= 1024:
-                _headers.clear()
-            header = _headers[(arr.dtype.str, arr.shape)] = msgpack.packb([arr.dtype.str, list(arr.shape)])
-        # One copy (the join reads the array's buffer), where tobytes() + concatenation made two.
-        return msgpack.ExtType(_NDARRAY, b"".join((header, arr.reshape(-1).view(np.uint8))))
+        header, body = _array_parts(obj)
+        return msgpack.ExtType(_NDARRAY, b"".join((header, body)))
     if isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"cannot serialise {type(obj).__name__}: only dicts, lists, str, bytes, numbers and numpy arrays")
 
 
-def _ext_hook(code: int, payload: bytes, copy: bool = True) -> Any:
-    if code != _NDARRAY:
-        raise DecodeError(f"unknown msgpack extension type {code}")
+def _array_at(buf: Any, start: int, end: int) -> np.ndarray:
+    """The read-only array whose ext-1 payload is ``buf[start:end]`` (no copy of its bytes)."""
     unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(payload)
-    dtype_str, shape = next(unpacker)
-    offset = unpacker.tell()
+    unpacker.feed(buf[start:min(end, start + 256)])  # the [dtype, shape] header (longer ones: all of it)
+    try:
+        dtype_str, shape = next(unpacker)
+    except StopIteration:
+        unpacker.feed(buf[start + 256:end])
+        dtype_str, shape = next(unpacker)
     dtype = np.dtype(dtype_str)
     if dtype.hasobject:
         raise DecodeError("object arrays are refused")
-    arr = np.frombuffer(payload, dtype=dtype, offset=offset).reshape(shape)
+    offset = start + unpacker.tell()
+    count = (end - offset) // dtype.itemsize if dtype.itemsize else 0
+    if count * dtype.itemsize != end - offset:
+        raise DecodeError(f"array body of {end - offset} bytes is not a whole number of {dtype_str} items")
+    arr = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+    arr.flags.writeable = False  # also over a bytearray
+    return arr
+
+
+def _ext_hook(code: int, payload: bytes, copy: bool = True) -> Any:
+    if code != _NDARRAY:
+        raise DecodeError(f"unknown msgpack extension type {code}")
+    arr = _array_at(payload, 0, len(payload))
     # frombuffer is read-only and aliases the payload: a copy gives callers writable memory.
     return arr.copy() if copy else arr
+
+
+_EXT_FORMS = {0xC7: (">B", 1), 0xC8: (">H", 2), 0xC9: (">I", 4)}
+_FIXEXT = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
+
+
+def _loads_arrays(data: Any) -> dict[str, np.ndarray] | None:
+    """A dict of str -> array read in place from ``data`` (arrays alias it), or None when ``data``
+    is not exactly such a map (the caller then decodes it with msgpack)."""
+    buf = memoryview(data).cast("B")
+    end = len(buf)
+    if not end:
+        return None
+    first = buf[0]
+    if 0x80 <= first <= 0x8F:
+        n, pos = first & 0x0F, 1
+    elif first == 0xDE and end >= 3:
+        n, pos = struct.unpack_from(">H", buf, 1)[0], 3
+    else:
+        return None
+    out: dict[str, np.ndarray] = {}
+    for _ in range(n):
+        if pos >= end:
+            return None
+        tag = buf[pos]
+        if 0xA0 <= tag <= 0xBF:
+            klen, pos = tag & 0x1F, pos + 1
+        elif tag == 0xD9 and pos + 1 < end:
+            klen, pos = buf[pos + 1], pos + 2
+        else:
+            return None
+        key = bytes(buf[pos:pos + klen]).decode("utf-8", errors="strict")
+        pos += klen
+        if pos + 2 > end:
+            return None
+        tag = buf[pos]
+        if tag in _FIXEXT:
+            size, pos = _FIXEXT[tag], pos + 1
+        elif tag in _EXT_FORMS and pos + 1 + _EXT_FORMS[tag][1] < end:
+            fmt, width = _EXT_FORMS[tag]
+            size, pos = struct.unpack_from(fmt, buf, pos + 1)[0], pos + 1 + width
+        else:
+            return None
+        code = struct.unpack_from(">b", buf, pos)[0]
+        pos += 1
+        if code != _NDARRAY or pos + size > end:
+            return None
+        out[key] = _array_at(data, pos, pos + size)
+        pos += size
+    return out if pos == end and len(out) == n else None
 
 
 def dumps(obj: Any) -> bytes:
@@ -64,6 +160,8 @@ def dumps(obj: Any) -> bytes:
     Raises:
         TypeError: an unsupported type (names it) or an object-dtype array.
     """
+    if type(obj) is dict and all(type(k) is str and type(v) is np.ndarray for k, v in obj.items()):
+        return _dumps_arrays(obj)
     return msgpack.packb(obj, default=_default, use_bin_type=True)
 
 
@@ -81,6 +179,9 @@ def loads(data: bytes, what: str = "payload", copy: bool = True) -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise DecodeError(f"{what}: expected bytes, got {type(data).__name__}")
     try:
+        fast = None if copy else _loads_arrays(data)
+        if fast is not None:
+            return fast
         return msgpack.unpackb(data, ext_hook=_ext_hook if copy else partial(_ext_hook, copy=False), raw=False,
                                strict_map_key=False)
     except DecodeError as e:
