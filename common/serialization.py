@@ -75,19 +75,49 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__}: only dicts, lists, str, bytes, numbers and numpy arrays")
 
 
+_UINTS = {0xCC: (">B", 1), 0xCD: (">H", 2), 0xCE: (">I", 4), 0xCF: (">Q", 8)}
+
+
+def _header_at(buf: Any, pos: int, end: int) -> tuple[str, list[int], int] | None:
+    """``(dtype_str, shape, end of header)`` of the common header form (fixarray of a fixstr and a
+    fixarray of unsigned ints), read in place; None for any other form."""
+    b = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
+    if end - pos < 3 or b[pos] != 0x92 or not 0xA0 <= b[pos + 1] <= 0xBF:
+        return None
+    n = b[pos + 1] & 0x1F
+    dtype_str = bytes(b[pos + 2:pos + 2 + n]).decode("ascii")
+    pos += 2 + n
+    if pos >= end or not 0x90 <= b[pos] <= 0x9F:
+        return None
+    dims, pos = b[pos] & 0x0F, pos + 1
+    shape = []
+    for _ in range(dims):
+        if pos >= end:
+            return None
+        tag = b[pos]
+        if tag <= 0x7F:
+            shape.append(tag)
+            pos += 1
+        elif tag in _UINTS and pos + _UINTS[tag][1] < end:
+            shape.append(struct.unpack_from(_UINTS[tag][0], b, pos + 1)[0])
+            pos += 1 + _UINTS[tag][1]
+        else:
+            return None
+    return dtype_str, shape, pos
+
+
 def _array_at(buf: Any, start: int, end: int) -> np.ndarray:
     """The read-only array whose ext-1 payload is ``buf[start:end]`` (no copy of its bytes)."""
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(buf[start:min(end, start + 256)])  # the [dtype, shape] header (longer ones: all of it)
-    try:
+    head = _header_at(buf, start, end)
+    if head is None:  # any other header form msgpack may write: parse it with msgpack
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(buf[start:end])
         dtype_str, shape = next(unpacker)
-    except StopIteration:
-        unpacker.feed(buf[start + 256:end])
-        dtype_str, shape = next(unpacker)
+        head = dtype_str, shape, start + unpacker.tell()
+    dtype_str, shape, offset = head
     dtype = np.dtype(dtype_str)
     if dtype.hasobject:
         raise DecodeError("object arrays are refused")
-    offset = start + unpacker.tell()
     count = (end - offset) // dtype.itemsize if dtype.itemsize else 0
     if count * dtype.itemsize != end - offset:
         raise DecodeError(f"array body of {end - offset} bytes is not a whole number of {dtype_str} items")
