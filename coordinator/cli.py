@@ -27,6 +27,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Env spaces against policy.model before anything is launched (fails in one line).
     spaces.check_model(cfg, spaces.probe(cfg))
     if cfg.policy.cuda is True:  # the learner runs here: no CUDA here means it would fail at start
+        # Asked through NVML, the check leaves CUDA uninitialised in this process: the learner is
+        # forked from it, and CUDA initialised before a fork cannot be used after it.
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         import torch
 
         if not torch.cuda.is_available():
