@@ -97,6 +97,12 @@ def data(exp: str, data_id: str) -> str:
     return f"{exp_prefix(exp)}:data:{_check('data_id', data_id)}"
 
 
+def data_staged(exp: str, data_id: str) -> str:
+    """Where a chunk's blob is written before the chunk script renames it to :func:`data` (lives
+    only inside one MULTI/EXEC; matched by :func:`data_pattern`, so a leftover is cleaned with the rest)."""
+    return f"{data(exp, data_id)}:staged"
+
+
 def data_pattern(exp: str) -> str:
     """SCAN pattern matching every step-data blob of one experiment."""
     return f"{exp_prefix(exp)}:data:*"

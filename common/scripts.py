@@ -8,29 +8,36 @@ its replacement. Scripts are sent with EVALSHA (redis-py's ``register_script``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import redis
 
-# KEYS: lease, data, meta stream, envstep counter, buffer stats, policy hash, stop
-# ARGV: payload, ttl_s, maxlen, env_steps, field1, value1, ...
+# KEYS: lease, data, meta stream, envstep counter, buffer stats, policy hash, stop, staged data
+# ARGV: maxlen, env_steps, field1, value1, ...
 # -> {1, counter, policy version|nil, envstep_limit|nil, stop, policy error|''} or {0} when the lease is gone.
-# Idempotent by data key: the blob is SET NX, and a call whose data key already exists (a retry
-# after a lost reply; the learner leaves an empty tombstone there until the TTL) adds no stream
-# entry and no env steps, and is counted as `resent`.
+# The blob itself is not an argument: the same MULTI/EXEC first SETs it (with its TTL) at the
+# staged key, and the script RENAMENXes it to the data key (O(1): Redis moves the value, where a
+# SET from Lua would copy it twice, ~0.6 ms per 800 KB) or deletes it, so nothing is left when
+# the lease is gone. Idempotent by data key: a call whose data key already exists (a retry after
+# a lost reply; the learner leaves an empty tombstone there until the TTL) adds no stream entry
+# and no env steps, and is counted as `resent`.
 # The policy is read with pcall: a key of the wrong type there must not fail the chunk (whose
 # writes a script error would leave half done); the error comes back for the caller to report.
 _SEND_CHUNK = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[8])
+  return {0}
+end
 local counter
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) then
+if redis.call('RENAMENX', KEYS[8], KEYS[2]) == 1 then
   local fields = {}
-  for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(fields))
-  counter = redis.call('INCRBY', KEYS[4], ARGV[4])
+  for i = 3, #ARGV do fields[#fields + 1] = ARGV[i] end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[1], '*', unpack(fields))
+  counter = redis.call('INCRBY', KEYS[4], ARGV[2])
   redis.call('HINCRBY', KEYS[5], 'produced', 1)
-  redis.call('HINCRBY', KEYS[5], 'produced_env_steps', ARGV[4])
+  redis.call('HINCRBY', KEYS[5], 'produced_env_steps', ARGV[2])
 else
+  redis.call('DEL', KEYS[8])
   counter = tonumber(redis.call('GET', KEYS[4]) or '0')
   redis.call('HINCRBY', KEYS[5], 'resent', 1)
 end
@@ -90,23 +97,57 @@ def _script(conn: redis.Redis, name: str, body: str) -> Any:
     return cache[name]
 
 
-def send_chunk(conn: redis.Redis, keys_: Sequence[str], payload: bytes, ttl_s: int, maxlen: int, env_steps: int,
-               fields: dict[str, str]) -> list:
-    """Run the chunk script (see ``_SEND_CHUNK``); raises :class:`LeaseRevoked` (naming the lease key).
+class Chunk(NamedTuple):
+    """One staged chunk for :func:`send_chunks`: ``keys`` as the chunk script's KEYS (see
+    ``_SEND_CHUNK``: lease, data, ..., staged data), the blob, its env steps and metadata fields."""
+
+    keys: Sequence[str]
+    payload: bytes
+    env_steps: int
+    fields: dict[str, str]
+
+
+def send_chunks(conn: redis.Redis, chunks: Sequence[Chunk], ttl_s: int, maxlen: int) -> list:
+    """Send chunks in one round trip: a pipeline holding, per chunk, the blob's SET at its staged
+    key and the chunk script (see ``_SEND_CHUNK``). No MULTI/EXEC is needed: only this call writes
+    the staged key, and the script decides everything else atomically; a staged blob whose
+    script never ran (a lost connection) is written again by the retry, or expires.
 
     Returns:
-        ``[1, counter, version|None, envstep_limit|None, stop, policy_error]``; ``policy_error``
-        names the policy key (``keys_[5]``) when it could not be read, else ``""``.
+        The last chunk's ``[1, counter, version|None, envstep_limit|None, stop, policy_error]``;
+        ``policy_error`` names the policy key when it could not be read (by any chunk), else ``""``.
+
+    Raises:
+        LeaseRevoked: the lease is gone (names it); no chunk sent after it was revoked was written.
     """
-    flat: list[Any] = [payload, int(ttl_s), int(maxlen), int(env_steps)]
-    for k, v in fields.items():
-        flat += [k, v]
-    reply = _script(conn, "send_chunk", _SEND_CHUNK)(keys=list(keys_), args=flat)
-    if reply[0] == 0:
-        raise LeaseRevoked(f"lease {keys_[0]} was revoked; this task was replaced")
-    err = reply[5].decode(errors="replace") if isinstance(reply[5], bytes) else str(reply[5] or "")
-    reply[5] = f"{keys_[5]}: {err}" if err else ""
-    return reply
+    script = _script(conn, "send_chunk", _SEND_CHUNK)
+    for attempt in (0, 1):
+        pipe = conn.pipeline(transaction=False)
+        for c in chunks:
+            flat: list[Any] = [int(maxlen), int(c.env_steps)]
+            for k, v in c.fields.items():
+                flat += [k, v]
+            pipe.set(c.keys[7], c.payload, ex=int(ttl_s))
+            pipe.evalsha(script.sha, len(c.keys), *c.keys, *flat)
+        try:
+            replies = pipe.execute()[1::2]
+            break
+        except redis.exceptions.NoScriptError:
+            # Redis lost its script cache (a restart, SCRIPT FLUSH): only the staged blobs were
+            # written, and the next attempt overwrites them.
+            if attempt:
+                raise
+            conn.script_load(_SEND_CHUNK)
+    errors = []
+    for c, reply in zip(chunks, replies):
+        if reply[0] == 0:
+            raise LeaseRevoked(f"lease {c.keys[0]} was revoked; this task was replaced")
+        if reply[5]:
+            err = reply[5].decode(errors="replace") if isinstance(reply[5], bytes) else str(reply[5])
+            errors.append(f"{c.keys[5]}: {err}")
+    last = list(replies[-1])
+    last[5] = errors[-1] if errors else ""
+    return last
 
 
 def ack_chunks(conn: redis.Redis, lease_key: str, stream: str, stats_key: str, group: str,

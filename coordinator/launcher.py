@@ -1,23 +1,34 @@
 """``rqrl train``: one machine, everything at once, and nothing left behind.
 
-Starts (when no ``--redis-url`` is given) a private redis-server, then ``python -m
-coordinator`` and the stock ``rq worker collector`` (N times) and ``rq worker learner``
-(``policy.learn.learner_num`` times) as child processes, each in its own session with its output
-in the run folder's ``log/{name}.log`` (``./{exp_name}/{run_name}/``, see coordinator/runs.py). Shows
-one live progress line from the events stream (XREAD BLOCK), and tears every child and the
-private Redis down on success, failure and Ctrl-C.
+Starts (when no ``--redis-url`` is given) a private redis-server, then the coordinator and
+RQ's own ``rq worker collector`` (N times) and ``rq worker learner`` (``policy.learn.learner_num``
+times) as child processes, each in its own session with its output in the run folder's
+``log/{name}.log`` (``./{exp_name}/{run_name}/``, see coordinator/runs.py). Shows one live
+progress line from the events stream (XREAD BLOCK), and tears every child and the private Redis
+down on success, failure and Ctrl-C.
+
+The children are forked, not executed: this process imports torch, gymnasium, RQ and the job
+modules once, and every child (and every work-horse RQ forks from it) inherits them instead
+of importing them again on the same few cores. Each worker child runs RQ's ``rq worker``
+command line (``rq.cli``: RQ's forking ``Worker`` class, registrations, signals and logging
+as a stock worker), so ``rq info``, rq-dashboard and the multi-machine recipe see the same
+workers. Nothing runs torch before the forks, so no child inherits a started thread pool.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import redis
 
@@ -30,10 +41,69 @@ from common.redis_memory import check_memory_settings
 _WORKER_CLASS = "workers.worker.PreloadWorker"
 
 
-def _rq_command() -> list[str]:
-    """The ``rq`` console script installed beside this interpreter (falls back to PATH)."""
-    beside = Path(sys.executable).with_name("rq")
-    return [str(beside)] if beside.exists() else ["rq"]
+class _Child:
+    """A forked child process, with the part of ``subprocess.Popen``'s interface the launcher uses.
+
+    Waiting with a timeout blocks on a pidfd (Linux >= 5.3); without one it checks every 50 ms.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: Optional[int] = None
+        try:
+            self._pidfd: Optional[int] = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                if self._pidfd is not None:
+                    os.close(self._pidfd)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """The exit code; raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            if self._pidfd is not None:
+                select.select([self._pidfd], [], [], left)
+            else:
+                time.sleep(0.05 if left is None else min(0.05, left))
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+def _rq_worker_main(argv: list[str]) -> int:
+    """``rq worker ARGV...`` in this process, through RQ's own command line; its exit code."""
+    from rq.cli import main as rq_main
+
+    try:
+        rq_main.main(args=["worker", *argv], prog_name="rq")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+def _coordinator_main(argv: list[str]) -> int:
+    """``python -m coordinator ARGV...`` in this process; its exit code.
+
+    matplotlib (curve.png at the end of the run) imports in a thread meanwhile: at the start
+    the coordinator mostly waits for its workers, at the end that import would delay the exit.
+    """
+    from coordinator.__main__ import main
+
+    threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",), daemon=True,
+                     name="preload-matplotlib").start()
+    return main(argv)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -118,14 +188,46 @@ class Launcher:
         self.ns = keys.namespace(cfg.exp_name, run_name)  # the run's keys, and its folder below out_dir
         self.run_dir = self.out_dir / self.ns
         self.log_dir = self.run_dir / "log"
-        self.children: dict[str, subprocess.Popen] = {}
+        self.children: dict[str, _Child] = {}
         self.embedded: Optional[EmbeddedRedis] = None
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        self.children[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                               env=env, start_new_session=True, cwd=self.out_dir)
-        log.close()
+    def _fork(self, name: str, main: Callable[[list[str]], int], argv: list[str], env: dict[str, str],
+              path: list[str]) -> None:
+        """Fork a child that runs ``main(argv)`` in its own session, in ``out_dir``, with ``env`` set,
+        ``path`` first on ``sys.path`` and stdout/stderr in ``log/{name}.log``; it exits with main's code."""
+        log = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            os.close(log)
+            self.children[name] = _Child(pid)
+            return
+        code = 1
+        try:
+            os.setsid()
+            for s in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(s, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            sys.stdout.reconfigure(line_buffering=True)
+            sys.stderr.reconfigure(line_buffering=True)
+            os.chdir(self.out_dir)
+            os.environ.update(env)
+            sys.path[:0] = path
+            code = main(argv)
+        except BaseException:  # noqa: BLE001  (the child's only way out is os._exit below)
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Not sys.exit: the parent's atexit handlers (the private Redis's stop) are not the child's.
+            os._exit(code)
 
     def run(self) -> int:
         """Launch, follow and tear down; returns the coordinator's exit code (130 on Ctrl-C)."""
@@ -158,11 +260,11 @@ class Launcher:
             url = self.embedded.url
             print(f"started a private redis-server at {url}", file=sys.stderr)
         self.url = url
-        env = dict(os.environ, RQRL_REDIS_URL=url, RQ_REDIS_URL=url, PYTHONUNBUFFERED="1")
+        env = {"RQRL_REDIS_URL": url, "RQ_REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
         # Modules beside the config file or in the cwd (custom envs, env.import_names) import in every child.
         extra = [str(Path(self.config_path).resolve().parent), os.getcwd()]
         env["PYTHONPATH"] = os.pathsep.join([*extra, *filter(None, [os.environ.get("PYTHONPATH", "")])])
-        env.setdefault("RQRL_TORCH_THREADS", "1")
+        env["RQRL_TORCH_THREADS"] = os.environ.get("RQRL_TORCH_THREADS", "1")
         conn = connect_checked(url)
         for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
             print(f"warning: {warning}", file=sys.stderr)
@@ -175,19 +277,22 @@ class Launcher:
     def _run(self) -> int:
         url, env, conn = self._prepare()
         config_path = str(Path(self.config_path).resolve())
-        self._spawn("coordinator", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
-                                    "--run-name", self.run_name, *self.coordinator_args], env)
-        rq = _rq_command()
+        # The coordinator needs neither torch nor RQ's CLI: it starts while they import here.
+        self._fork("coordinator", _coordinator_main, [config_path, "--out-dir", ".", "--run-name", self.run_name,
+                                                      *self.coordinator_args], env, extra)
+        importlib.import_module(_WORKER_CLASS.rpartition(".")[0])  # torch, gymnasium, the job modules
+        importlib.import_module("rq.cli")
         stamp = f"{os.getpid()}"
         # One learner worker per rank of the learner group (policy.learn.learner_num).
         for i in range(int(self.cfg.policy.learn.get("learner_num", 1))):
             name = "learner" if i == 0 else f"learner{i}"
-            self._spawn(name, [*rq, "worker", keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
-                               "--name", f"{self.cfg.exp_name}-{name}-{stamp}"], env)
+            self._fork(name, _rq_worker_main, [keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
+                                               "--name", f"{self.cfg.exp_name}-{name}-{stamp}"], env, extra)
         # One worker more than collector tasks: the coordinator keeps it free, so an eval starts at once.
         for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
-            self._spawn(f"collector{i}", [*rq, "worker", keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
-                                          "--name", f"{self.cfg.exp_name}-collector{i}-{stamp}"], env)
+            self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
+                                                          "--name", f"{self.cfg.exp_name}-collector{i}-{stamp}"],
+                       env, extra)
         print(f"logs in {self.log_dir}/ ; watch with: rqrl status --redis-url {redact(url)}", file=sys.stderr)
         return self._follow(conn)
 
@@ -214,8 +319,14 @@ class Launcher:
                 for name, proc in self.children.items():
                     if name != "coordinator" and proc.poll() is None:
                         proc.send_signal(signal.SIGTERM)
+            if workers_told:
+                # The wrap-up: wake at the coordinator's exit rather than at the next read's timeout.
+                try:
+                    coord.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
             try:
-                reply = conn.xread({stream: last_id}, count=500, block=500)
+                reply = conn.xread({stream: last_id}, count=500, block=None if workers_told else 500)
             except redis.RedisError as e:
                 print(f"\nredis error while following the run: {scrub(str(e), self.url)}", file=sys.stderr)
                 reply = []
@@ -261,8 +372,8 @@ class Launcher:
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                except ProcessLookupError:  # forked a moment ago: not yet the leader of its session
+                    proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 15
         for proc in self.children.values():
             try:
@@ -274,7 +385,8 @@ class Launcher:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
-                pass
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
             if proc.poll() is None:
                 proc.wait(timeout=5)
         if self.embedded is not None:

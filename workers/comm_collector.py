@@ -1,11 +1,13 @@
 """The seed's comm collector over Redis: step data as msgpack blobs, metadata on a stream.
 
 The seed's FlaskFileSystemCollector wrote one file per sample, queued metadata in memory behind
-``sleep(0.1)`` loops and served it over HTTP. Here each call becomes a Redis command on one
-Lua script, run once per chunk (:meth:`RedisCommCollector.flush`): check the task's lease, SET
-the blob with a TTL, XADD its metadata, count it (env-step counter and buffer stats), and read
-back the policy version, the learner's ``envstep_limit`` and the stop flag — one atomic round
-trip per ``n_sample`` transitions, refused once the coordinator revoked the task's lease.
+``sleep(0.1)`` loops and served it over HTTP. Here :meth:`RedisCommCollector.flush` sends the
+staged chunks in one round trip (common/scripts.py ``send_chunks``), each chunk as a SET of
+its blob and one atomic Lua script: check the task's lease, move the blob to its data key with
+its TTL, XADD its metadata, count it (env-step counter and buffer stats), and read back the
+policy version, the learner's ``envstep_limit`` and the stop flag — refused, writing nothing,
+once the coordinator revoked the task's lease. The collector flushes every chunk of
+``n_sample`` transitions; staging several before a flush sends them in the same round trip.
 
 Replay-ratio limiter (collector side): when the env-step counter passes the ``envstep_limit``
 the learner published with its last policy, the collector waits on the policy's pub/sub
@@ -26,7 +28,7 @@ import redis
 
 from common import blobstore, chunk_codec, events, keys, serialization, streams
 from common.finite import NonFiniteError, check_arrays
-from common.scripts import send_chunk
+from common.scripts import Chunk, send_chunks
 from workers.task import task_namespace
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,9 @@ class RedisCommCollector:
         self._updates_channel = keys.policy_updates(self._exp, task["policy_id"])
         self._lease = keys.lease(self._exp, self._task_id)
         self._chunk_keys = [self._lease, "", self._meta_stream, keys.envstep(self._exp),
-                            keys.buffer_stats(self._exp, task["buffer_id"]), self._policy_key, keys.stop(self._exp)]
+                            keys.buffer_stats(self._exp, task["buffer_id"]), self._policy_key, keys.stop(self._exp), ""]
         self._pending: dict[str, Any] = {}
+        self._staged: list[Chunk] = []
         self._pubsub = None
         self._next_stop_poll = 0.0
         self.policy_version: int | None = None
@@ -77,20 +80,33 @@ class RedisCommCollector:
                     buffer_id=self._task["buffer_id"], **finish_info)
 
     def send_stepdata(self, data_id: str, stepdata: dict[str, Any], codec: str = "none") -> int:
-        """Stage one chunk of stacked transitions as a msgpack blob, compressed with ``codec``
-        (common/chunk_codec.py; sent by :meth:`flush`); returns its bytes."""
+        """Serialise one chunk of stacked transitions to a msgpack blob compressed with ``codec``
+        (common/chunk_codec.py; staged with its metadata by :meth:`send_metadata`, sent by
+        :meth:`flush`); returns its bytes."""
         payload = chunk_codec.encode(serialization.dumps(stepdata), codec)
-        self._pending["data_key"] = keys.data(self._exp, data_id)
+        self._pending["data_id"] = data_id
         self._pending["payload"] = payload
         return len(payload)
 
     def send_metadata(self, metadata: dict[str, Any]) -> None:
-        """Queue the chunk's metadata entry (needs ``data_id`` and ``policy_version``, as the seed's ``policy_iter``)."""
+        """Stage the chunk with its metadata entry (needs ``data_id`` — the one given to
+        :meth:`send_stepdata` — and ``policy_version``, as the seed's ``policy_iter``).
+
+        Raises:
+            ValueError: a field is missing, or :meth:`send_stepdata` was not called for this ``data_id``.
+        """
         missing = {"data_id", "policy_version"} - metadata.keys()
         if missing:
             raise ValueError(f"task {self._task_id}: metadata lacks {sorted(missing)}")
-        self._pending["fields"] = streams.encode_fields(metadata)
-        self._pending["env_steps"] = int(metadata.get("env_steps", 0))
+        p, self._pending = self._pending, {}
+        if p.get("data_id") != metadata["data_id"]:
+            raise ValueError(f"task {self._task_id}: metadata for data_id {metadata['data_id']!r} without "
+                             "send_stepdata for it first")
+        chunk_keys = list(self._chunk_keys)
+        chunk_keys[1] = keys.data(self._exp, p["data_id"])
+        chunk_keys[7] = keys.data_staged(self._exp, p["data_id"])
+        self._staged.append(Chunk(chunk_keys, p["payload"], int(metadata.get("env_steps", 0)),
+                                  streams.encode_fields(metadata)))
 
     def wait_for_policy(self, timeout_s: float) -> None:
         """Block until the learner has published a first policy (pub/sub, checking the stop flag).
@@ -217,7 +233,8 @@ class RedisCommCollector:
 
     # -- batching -------------------------------------------------------------------------
     def flush(self, max_wait_s: float = 30.0) -> bool:
-        """Send the staged chunk and its metadata atomically; read policy version, limit and stop flag.
+        """Send the staged chunks with their metadata in one round trip (each chunk atomically); read
+        the policy version, limit and stop flag.
 
         Blocks (pub/sub, at most ``max_wait_s`` seconds) while the collectors are ahead of the
         learner's ``envstep_limit``.
@@ -226,15 +243,14 @@ class RedisCommCollector:
             True when the published policy version differs from the one held.
 
         Raises:
-            common.scripts.LeaseRevoked: the coordinator declared this task dead.
-            ValueError: :meth:`send_stepdata` / :meth:`send_metadata` were not both called.
+            common.scripts.LeaseRevoked: the coordinator declared this task dead (nothing was sent).
+            ValueError: nothing is staged (:meth:`send_stepdata` and :meth:`send_metadata` first).
         """
-        p, self._pending = self._pending, {}
-        if not {"data_key", "fields"} <= p.keys():
+        staged, self._staged = self._staged, []
+        if not staged:
             raise ValueError(f"task {self._task_id}: flush needs send_stepdata and send_metadata first")
-        self._chunk_keys[1] = p["data_key"]
-        _, counter, version_raw, limit_raw, stop, policy_error = send_chunk(
-            self._conn, self._chunk_keys, p["payload"], self._data_ttl, streams.DEFAULT_MAXLEN, p["env_steps"], p["fields"])
+        _, counter, version_raw, limit_raw, stop, policy_error = send_chunks(
+            self._conn, staged, self._data_ttl, streams.DEFAULT_MAXLEN)
         self.stop_flag = bool(stop)
         if policy_error:
             self._policy_unreadable(policy_error)

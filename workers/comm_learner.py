@@ -164,7 +164,8 @@ class BufferReader(threading.Thread):
                 plan.append((entry_id, key, env_steps, "duplicate"))
                 continue
             try:
-                chunk = serialization.loads(chunk_codec.decode(blob, key), what=key)
+                # No copy: the buffer copies the rows into its own storage (replay) or stacks them (on-policy).
+                chunk = serialization.loads(chunk_codec.decode(blob, key), what=key, copy=False)
                 self._buffer.check(chunk, key)
             except ValueError as e:
                 self._logger.error("skipping corrupt step data: %s", e)

@@ -127,12 +127,14 @@ class Bench:
     # ------------------------------------------------------------------ transport
     def transport(self) -> dict[str, Any]:
         """Step data through the blob store + stream (send, consume, ack) vs raw SET/MGET of the same
-        bytes, for chunks of the default ``policy.collect.n_sample`` rows and bigger ones."""
-        default = int(DEFAULT_CFG.policy.collect.n_sample)
-        return {str(rows): self._transport(rows, n_chunks) for rows, n_chunks in (
-            (default, 200 if self.quick else 1000), (1024, 100 if self.quick else 300), (16384, 20 if self.quick else 60))}
+        bytes, for chunks of about 3 KB, 50 KB and 800 KB (64, 1,024 and 16,384 CartPole rows),
+        each sent as a collector does (one flush per chunk) and with 8 chunks per flush."""
+        return {f"{rows}x{per_flush}": self._transport(rows, n_chunks, per_flush)
+                for rows, n_chunks in ((64, 400 if self.quick else 2000), (1024, 100 if self.quick else 400),
+                                       (16384, 16 if self.quick else 64))
+                for per_flush in (1, 8)}
 
-    def _transport(self, rows: int, n_chunks: int) -> dict[str, Any]:
+    def _transport(self, rows: int, n_chunks: int, per_flush: int) -> dict[str, Any]:
         cfg = compile_config({"exp_name": "bench"})
         rng = np.random.default_rng(0)
         chunk = {"obs": rng.standard_normal((rows, 4), dtype=np.float32), "action": rng.integers(0, 2, rows),
@@ -159,7 +161,8 @@ class Bench:
             for i in range(n_chunks):
                 comm.send_stepdata(f"d{i}", chunk)
                 comm.send_metadata({"data_id": f"d{i}", "policy_version": 0, "n_samples": rows, "env_steps": rows})
-                comm.flush()
+                if (i + 1) % per_flush == 0 or i + 1 == n_chunks:
+                    comm.flush()
             got = 0
             while got < n_chunks:
                 entries = self.conn.xreadgroup(keys.LEARNER_GROUP, "bench-learner", {stream: ">"}, count=64)[0][1]
@@ -186,7 +189,8 @@ class Bench:
 
         r, w, ratio = pairs(lambda: rqrl(False), raw, self.repeats)
         e2e = [rqrl(True) for _ in range(self.repeats)]
-        return {"rows": rows, "chunks": n_chunks, "chunk_bytes": nbytes, "transport_MB_per_s": spread(r, 2),
+        return {"rows": rows, "chunks": n_chunks, "chunks_per_flush": per_flush, "chunk_bytes": nbytes,
+                "transport_MB_per_s": spread(r, 2),
                 "raw_redis_MB_per_s": spread(w, 2), "transport_vs_raw": spread(ratio),
                 "into_replay_buffer_MB_per_s": spread(e2e, 2)}
 

@@ -85,16 +85,16 @@ def stage(comm: RedisCommCollector, data_id: str, n: int) -> None:
 
 @pytest.mark.parametrize("consumed_before_retry", [False, True], ids=["retry-first", "consumed-first"])
 def test_retried_send_after_lost_reply_delivers_once(real_redis, monkeypatch, consumed_before_retry):
-    """The script ran but its reply was lost: redis-py's Retry sends it again on a new connection."""
+    """The chunk's pipeline ran but its replies were lost: redis-py's Retry sends it again on a new connection."""
     reader, buf = reader_on(real_redis)
     comm = make_collector(real_redis)
     stage(comm, "c_retry", 6)
-    real_parse = real_redis.parse_response
+    real_parse = redis.client.Pipeline.parse_response
     lost = []
 
-    def lose_first_script_reply(connection, command_name, **options):
-        reply = real_parse(connection, command_name, **options)
-        if command_name == "EVALSHA" and not lost:
+    def lose_first_exec_reply(pipe, connection, command_name, **options):
+        reply = real_parse(pipe, connection, command_name, **options)
+        if isinstance(reply, list) and not lost:  # the script's reply (the staged SET answers OK)
             lost.append(reply)
             if consumed_before_retry:  # the learner takes the chunk before the client retries
                 side = redis.Redis(connection_pool=redis.ConnectionPool(**real_redis.connection_pool.connection_kwargs))
@@ -103,9 +103,9 @@ def test_retried_send_after_lost_reply_delivers_once(real_redis, monkeypatch, co
             raise redis.ConnectionError("reply lost (test)")
         return reply
 
-    monkeypatch.setattr(real_redis, "parse_response", lose_first_script_reply)
+    monkeypatch.setattr(redis.client.Pipeline, "parse_response", lose_first_exec_reply)
     comm.flush(max_wait_s=1)
-    assert lost, "the script reply was never intercepted"
+    assert lost, "the transaction's reply was never intercepted"
     monkeypatch.undo()
     reader._conn = real_redis
     reader._consume(read_all(real_redis))

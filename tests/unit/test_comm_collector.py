@@ -1,6 +1,7 @@
 """The collector's Redis I/O and waits (workers/comm_collector.py) on a real private redis-server.
 
 * ``flush`` is refused, writing nothing, once the task's lease is revoked;
+* chunks staged together go in one round trip, each counted once; a lost script cache is reloaded;
 * the replay-ratio wait (collectors ahead of the learner's ``envstep_limit``) ends at a
   publication that admits the counter, at the stop flag, or after ``max_wait_s``;
 * ``wait_for_policy`` ends at the first publication, at the stop flag, or raises after its timeout.
@@ -13,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from common import keys
 from common.scripts import LeaseRevoked
@@ -81,7 +83,57 @@ def test_flush_after_lease_revoked_writes_nothing(real_redis):
         comm.flush(max_wait_s=1)
     assert real_redis.xlen(keys.buffer_meta(EXP, BUF)) == 1
     assert int(real_redis.get(keys.envstep(EXP))) == 8
-    assert not real_redis.exists(keys.data(EXP, "c_zombie"))
+    assert not real_redis.exists(keys.data(EXP, "c_zombie")) and not real_redis.exists(keys.data_staged(EXP, "c_zombie"))
+
+
+def test_chunks_staged_together_go_in_one_round_trip(real_redis):
+    comm = make(real_redis)
+    publish(real_redis, 2, 10_000)
+    for i in range(5):
+        stage(comm, f"c_{i}", 4)
+    sent = []
+    real_send = redis.connection.Connection.send_packed_command
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(redis.connection.Connection, "send_packed_command",
+                   lambda conn, cmd, check_health=True: (sent.append(cmd), real_send(conn, cmd, check_health))[1])
+        assert comm.flush(max_wait_s=1) is True
+    assert len(sent) == 1, "one write for all five chunks"
+    stream = keys.buffer_meta(EXP, BUF)
+    assert [e[1][b"data_id"] for e in real_redis.xrange(stream)] == [f"c_{i}".encode() for i in range(5)]
+    assert int(real_redis.get(keys.envstep(EXP))) == 20
+    assert real_redis.hget(keys.buffer_stats(EXP, BUF), "produced") == b"5"
+    for i in range(5):
+        assert real_redis.get(keys.data(EXP, f"c_{i}")) and not real_redis.exists(keys.data_staged(EXP, f"c_{i}"))
+        assert 0 < real_redis.ttl(keys.data(EXP, f"c_{i}")) <= 600
+
+
+def test_flush_all_staged_refused_when_the_lease_is_gone(real_redis):
+    comm = make(real_redis)
+    stage(comm, "c_a")
+    stage(comm, "c_b")
+    real_redis.delete(keys.lease(EXP, TASK))
+    with pytest.raises(LeaseRevoked):
+        comm.flush(max_wait_s=1)
+    assert real_redis.keys(f"*{EXP}*data*") == [] and not real_redis.exists(keys.buffer_meta(EXP, BUF))
+
+
+def test_flush_reloads_a_lost_script_cache(real_redis):
+    comm = make(real_redis)
+    publish(real_redis, 1, 10_000)
+    stage(comm, "c_1")
+    comm.flush(max_wait_s=1)
+    real_redis.script_flush()  # as after a Redis restart
+    stage(comm, "c_2")
+    comm.flush(max_wait_s=1)
+    assert real_redis.xlen(keys.buffer_meta(EXP, BUF)) == 2 and int(real_redis.get(keys.envstep(EXP))) == 16
+    assert not real_redis.exists(keys.data_staged(EXP, "c_2")) and real_redis.exists(keys.data(EXP, "c_2"))
+
+
+def test_metadata_without_its_stepdata_is_an_error(real_redis):
+    comm = make(real_redis)
+    comm.send_stepdata("c_1", {"obs": np.zeros((2, 4), np.float32)})
+    with pytest.raises(ValueError, match="c_2"):
+        comm.send_metadata({"data_id": "c_2", "policy_version": 0})
 
 
 def test_flush_without_staged_chunk_is_an_error(real_redis):

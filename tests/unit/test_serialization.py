@@ -106,6 +106,43 @@ def test_decoded_arrays_are_writable_and_own_memory():
     assert loads(payload)["a"][0] == 0.0
 
 
+@pytest.mark.parametrize("shape", [(), (0, 4), (3, 4), (2, 3, 4)])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.bool_, ">f8", np.complex64])
+def test_no_copy_decode_is_read_only_and_equal(dtype, shape):
+    a = (np.arange(int(np.prod(shape))) % 7).astype(dtype).reshape(shape)
+    got = loads(dumps({"a": a}), copy=False)["a"]
+    assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+    assert not got.flags.writeable and not got.flags.owndata  # a view of msgpack's ext payload
+    with pytest.raises(ValueError):
+        got[...] = 0
+
+
+@pytest.mark.parametrize("n_fields", [1, 6, 17])
+@pytest.mark.parametrize("rows", [0, 1, 2, 4, 64, 20000])  # ext payload forms: fixext, ext8, ext16, ext32
+def test_dict_of_arrays_written_as_msgpack_writes_it(n_fields, rows):
+    obj = {f"f{i}": np.full((rows, 3), i, np.float32 if i % 2 else np.uint8) for i in range(n_fields)}
+    obj["flag"] = np.ones(rows, bool)
+    assert dumps(obj) == msgpack.packb(obj, default=serialization._default, use_bin_type=True)
+
+
+def test_no_copy_decode_of_a_chunk_aliases_the_bytes():
+    chunk = {"obs": np.arange(12, dtype=np.float32).reshape(3, 4), "done": np.array([True, False, True])}
+    data = bytearray(dumps(chunk))
+    got = loads(data, copy=False)
+    assert np.array_equal(got["obs"], chunk["obs"]) and np.array_equal(got["done"], chunk["done"])
+    assert not got["obs"].flags.writeable
+    first = data.index(np.float32(0).tobytes() + np.float32(1).tobytes())
+    data[first:first + 4] = np.float32(7).tobytes()
+    assert got["obs"][0, 0] == 7  # the array reads the bytes it was given: nothing was copied
+
+
+def test_no_copy_decode_refuses_every_truncation():
+    data = dumps({"obs": np.ones((8, 4), np.float32), "done": np.zeros(8, bool)})
+    for cut in range(len(data)):
+        with pytest.raises(DecodeError):
+            loads(data[:cut], copy=False)
+
+
 def test_nested_containers_roundtrip():
     obj = {
         "obs": np.ones((2, 4), dtype=np.float32),

@@ -1,0 +1,52 @@
+"""``rqrl train`` forks its coordinator and workers from one process that imported torch once
+(coordinator/launcher.py); the workers are still RQ's own: registered under their names on the
+``collector`` / ``learner`` queues (what ``rq info`` and rq-dashboard read), children of
+``rqrl train`` whose work-horses run the tasks, and unregistered once the run is torn down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+from rq import Worker
+
+from common.connection import connect
+from tests.conftest import REPO, wait_event, worker_env
+
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+
+CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
+
+
+def test_forked_workers_are_rq_workers_and_leave_with_the_run(tmp_path, redis_server):
+    conn = connect(redis_server.url)
+    conn.flushall()
+    exp = f"fork_{os.getpid()}"
+    train = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
+                              "--set", f"exp_name={exp}", "--set", "env.stop_value=100000", "--collectors", "1"],
+                             cwd=tmp_path, env=worker_env(""), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_event(conn, exp, lambda ev: ev.get("type") == "started" and ev.get("task_type") == "collector", timeout=120)
+        learner = wait_event(conn, exp, lambda ev: ev.get("type") == "started" and ev.get("task_type") == "learner",
+                             timeout=5)
+        workers = [w for w in Worker.all(connection=conn) if w.name.startswith(f"{exp}-")]
+        queues = sorted(q for w in workers for q in w.queue_names())
+        assert queues == ["collector", "collector", "learner"], [(w.name, w.queue_names()) for w in workers]
+        assert all(w.pid for w in workers)
+        # Each worker is a forked child of `rqrl train` (not an exec'd `rq` process) ...
+        children = {c.pid for c in psutil.Process(train.pid).children()}
+        assert {w.pid for w in workers} <= children, (children, [w.pid for w in workers])
+        assert all(psutil.Process(w.pid).cmdline() == psutil.Process(train.pid).cmdline() for w in workers)
+        # ... and the learner task (running until the stop) in a work-horse its worker forked.
+        assert psutil.Process(int(learner["pid"])).ppid() in {w.pid for w in workers}
+    finally:
+        train.send_signal(signal.SIGTERM)
+        out, err = train.communicate(timeout=60)
+    assert train.returncode == 128 + signal.SIGTERM, out + err[-3000:]
+    assert [w.name for w in Worker.all(connection=conn) if w.name.startswith(f"{exp}-")] == []
+    assert [p.pid for p in psutil.process_iter(["cmdline"]) if exp in " ".join(p.info["cmdline"] or [])
+            and p.pid != os.getpid()] == []
