@@ -251,9 +251,9 @@ class Launcher:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def _prepare(self) -> tuple[str, dict[str, str], redis.Redis]:
+    def _prepare(self) -> tuple[str, dict[str, str], list[str], redis.Redis]:
         """Start the private Redis (when no URL was given) and check it; returns its URL, the
-        children's environment and a connection."""
+        children's environment, the folders first on their ``sys.path`` and a connection."""
         url = self.redis_url
         if url is None:
             self.embedded = EmbeddedRedis().start()
@@ -268,31 +268,36 @@ class Launcher:
         conn = connect_checked(url)
         for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
             print(f"warning: {warning}", file=sys.stderr)
-        return url, env, conn
+        return url, env, extra, conn
 
     def _namespaces(self) -> list[str]:
         """The runs this launcher started (their stop flags are set on the way out)."""
         return [self.ns]
 
+    def _start_workers(self, env: dict[str, str], path: list[str], learners: int, tag: str) -> None:
+        """Import torch, gymnasium, the job modules and RQ's CLI here once, then fork ``learners``
+        learner workers and the collector workers (one more than collector tasks: the coordinator
+        keeps it free, so an eval starts at once), named ``{exp_name}-{tag}{role}{i}-{pid}``."""
+        importlib.import_module(_WORKER_CLASS.rpartition(".")[0])
+        importlib.import_module("rq.cli")
+        stamp = f"{os.getpid()}"
+        for i in range(learners):
+            name = "learner" if i == 0 else f"learner{i}"
+            self._fork(name, _rq_worker_main, [keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
+                                               "--name", f"{self.cfg.exp_name}-{tag}{name}-{stamp}"], env, path)
+        for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
+            self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
+                                                          "--name", f"{self.cfg.exp_name}-{tag}collector{i}-{stamp}"],
+                       env, path)
+
     def _run(self) -> int:
-        url, env, conn = self._prepare()
+        url, env, extra, conn = self._prepare()
         config_path = str(Path(self.config_path).resolve())
         # The coordinator needs neither torch nor RQ's CLI: it starts while they import here.
         self._fork("coordinator", _coordinator_main, [config_path, "--out-dir", ".", "--run-name", self.run_name,
                                                       *self.coordinator_args], env, extra)
-        importlib.import_module(_WORKER_CLASS.rpartition(".")[0])  # torch, gymnasium, the job modules
-        importlib.import_module("rq.cli")
-        stamp = f"{os.getpid()}"
         # One learner worker per rank of the learner group (policy.learn.learner_num).
-        for i in range(int(self.cfg.policy.learn.get("learner_num", 1))):
-            name = "learner" if i == 0 else f"learner{i}"
-            self._fork(name, _rq_worker_main, [keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
-                                               "--name", f"{self.cfg.exp_name}-{name}-{stamp}"], env, extra)
-        # One worker more than collector tasks: the coordinator keeps it free, so an eval starts at once.
-        for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
-            self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
-                                                          "--name", f"{self.cfg.exp_name}-collector{i}-{stamp}"],
-                       env, extra)
+        self._start_workers(env, extra, int(self.cfg.policy.learn.get("learner_num", 1)), "")
         print(f"logs in {self.log_dir}/ ; watch with: rqrl status --redis-url {redact(url)}", file=sys.stderr)
         return self._follow(conn)
 

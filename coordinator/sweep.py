@@ -17,7 +17,6 @@ against env steps: mean over the seeds and their min-max band).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ from easydict import EasyDict
 
 from common import keys, streams
 from coordinator import runs
-from coordinator.launcher import _WORKER_CLASS, Launcher, Progress, _rq_command
+from coordinator.launcher import Launcher, Progress, _coordinator_main
 
 # Episode seeds of the re-evaluation: far from the small seeds training and its evals use.
 REEVAL_SEED_BASE = 1_000_000
@@ -199,19 +198,14 @@ class Sweep(Launcher):
         return [keys.namespace(self.cfg.exp_name, r) for r in self.run_names.values()]
 
     def _run(self) -> int:
-        url, env, conn = self._prepare()
+        url, env, extra, conn = self._prepare()
         config_path = str(Path(self.config_path).resolve())
         for s, run_name in self.run_names.items():
-            self._spawn(f"coordinator-s{s}", [sys.executable, "-m", "coordinator", config_path, "--out-dir", ".",
-                                              "--run-name", run_name, "--seed", str(s), *self.coordinator_args,
-                                              f"--set=commander.collector_task_space={self.share}"], env)
-        rq, stamp = _rq_command(), f"{os.getpid()}"
-        for i in range(len(self.seeds)):
-            self._spawn(f"learner{i}", [*rq, "worker", keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
-                                        "--name", f"{self.cfg.exp_name}-sweep-learner{i}-{stamp}"], env)
-        for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
-            self._spawn(f"collector{i}", [*rq, "worker", keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
-                                          "--name", f"{self.cfg.exp_name}-sweep-collector{i}-{stamp}"], env)
+            self._fork(f"coordinator-s{s}", _coordinator_main,
+                       [config_path, "--out-dir", ".", "--run-name", run_name, "--seed", str(s), *self.coordinator_args,
+                        f"--set=commander.collector_task_space={self.share}"], env, extra)
+        # One learner worker per run (each run's learner task).
+        self._start_workers(env, extra, len(self.seeds), "sweep-")
         print(f"sweep of seeds {self.seeds}: runs {', '.join(self.run_names.values())} in ./{self.cfg.exp_name}/, "
               f"up to {self.share} collector tasks each; logs in {self.log_dir}/", file=sys.stderr)
         self._follow_all(conn)
