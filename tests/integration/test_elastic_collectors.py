@@ -79,6 +79,7 @@ def queued_or_running_training(conn, exp: str) -> int:
 def test_task_space_follows_collector_workers(real_redis, redis_server, tmp_path):
     conn, url = real_redis, redis_server.url
     exp = f"elastic_{os.getpid()}"
+    ns = keys.namespace(exp, "r")  # the run's key namespace (--run-name r)
     env = worker_env(url)
     procs: dict[str, subprocess.Popen] = {}
 
@@ -88,19 +89,19 @@ def test_task_space_follows_collector_workers(real_redis, redis_server, tmp_path
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     procs["coordinator"] = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--set", f"exp_name={exp}",
+        [sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--run-name", "r", "--set", f"exp_name={exp}",
          "--set", "env.stop_value=100000", "--set", "commander.eval_every_train_iter=100",
          "--set", "commander.max_wall_seconds=150", "--set", "policy.collect.collector.task_env_steps=200"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     for name, queue in (("learner", "learner"), ("c0", "collector"), ("c1", "collector")):
         worker(name, queue)
     collector_queue = Queue(keys.COLLECTOR_QUEUE, connection=conn)
-    run = Running(conn, exp)
+    run = Running(conn, ns)
     try:
         # Two workers: one trains, one is kept free for evals.
-        run.until(lambda: summary(conn, exp).get("collector_workers") == 2 and run.training, 60,
+        run.until(lambda: summary(conn, ns).get("collector_workers") == 2 and run.training, 60,
                   "a training task on the first two workers")
-        assert summary(conn, exp)["collector_task_space"] == 1  # written with collector_workers
+        assert summary(conn, ns)["collector_task_space"] == 1  # written with collector_workers
         run.until(lambda: run.evals_started >= 1, 30, "an eval on the spare worker")
         assert run.peak == 1, "one training task at a time on two workers (one kept for evals)"
         # Two more join mid-run.
@@ -114,23 +115,23 @@ def test_task_space_follows_collector_workers(real_redis, redis_server, tmp_path
         run.until(lambda: run.peak >= 3, 20, "three training tasks at once after two workers joined")
         print(f"third training task started {run.peak_at - joined:.2f} s after the workers registered")
         assert run.peak_at - joined < 5.0
-        run.until(lambda: summary(conn, exp)["collector_task_space"] == 3, 5, "the summary (written every second)")
+        run.until(lambda: summary(conn, ns)["collector_task_space"] == 3, 5, "the summary (written every second)")
         evals = run.evals_started
         run.until(lambda: run.evals_started > evals, 30, "an eval while three training tasks run")
         assert run.peak == 3, "never more training tasks than workers but one"
         # One leaves (warm shutdown: it finishes its task, then leaves RQ's registry).
         procs["c3"].send_signal(signal.SIGTERM)
         procs["c3"].wait(timeout=60)
-        run.until(lambda: summary(conn, exp).get("collector_workers") == 3, 10, "the coordinator sees three workers")
-        assert summary(conn, exp)["collector_task_space"] == 2
+        run.until(lambda: summary(conn, ns).get("collector_workers") == 3, 10, "the coordinator sees three workers")
+        assert summary(conn, ns)["collector_task_space"] == 2
         # Its slot is not refilled: the tasks the coordinator holds drain to two, then stay there.
-        run.until(lambda: queued_or_running_training(conn, exp) <= 2 and len(run.training) <= 2, 30,
+        run.until(lambda: queued_or_running_training(conn, ns) <= 2 and len(run.training) <= 2, 30,
                   "the freed slot stays free")
         run.reset_peak()
         end = time.monotonic() + 3
         while time.monotonic() < end:
             run.read(block_ms=250)
-            assert queued_or_running_training(conn, exp) <= 2
+            assert queued_or_running_training(conn, ns) <= 2
         assert run.peak <= 2
         assert procs["coordinator"].poll() is None
     finally:

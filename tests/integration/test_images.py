@@ -27,11 +27,11 @@ def test_conv_policy_learns_the_lit_cell_on_the_full_stack(tmp_path, algo):
     res = run_rqrl("train", CONFIGS[algo], "--set", f"exp_name={exp}", cwd=tmp_path, timeout=200)
     elapsed = time.monotonic() - t0
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
-    summary = json.loads((tmp_path / exp / "summary.json").read_text())
+    summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
     assert summary["status"].startswith("converged"), summary
     # A random policy returns 2 of 8: 7 needs the lit band read from the pixels.
     assert float(summary["last_eval_reward_mean"]) >= 7.0
-    bundle = torch.load(tmp_path / exp / "final.pt", weights_only=True)
+    bundle = torch.load(tmp_path / exp / "latest" / "final.pt", weights_only=True)
     assert bundle["spaces"]["obs_kind"] == "image" and bundle["spaces"]["obs_layout"] == "chw"
     assert any(k.endswith(".weight") and v.dim() == 4 for k, v in bundle["weights"].items())  # conv kernels
     print(f"{algo} LitCell: {elapsed:.1f} s launch to exit, {summary['envstep']} env steps, "
@@ -52,7 +52,7 @@ def test_a_replay_buffer_that_cannot_fit_ends_the_run_naming_replay_buffer_size(
     res = run_rqrl("train", CONFIGS["dqn"], "--set", f"exp_name={exp}",
                    "--set", "policy.other.replay_buffer.replay_buffer_size=1000000000", cwd=tmp_path, timeout=100)
     assert res.returncode == 1, res.stdout + res.stderr[-3000:]
-    summary = json.loads((tmp_path / exp / "summary.json").read_text())
+    summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
     reason = summary["status"]
     assert "MemoryBudgetError" in reason and "replay_buffer_size' = 1000000000 needs ~" in reason, reason
     assert "tasks failed in a row" not in reason  # fatal at once: no learner retried the same allocation

@@ -14,6 +14,7 @@ import psutil
 import pytest
 from rq import Worker
 
+from common import keys
 from common.connection import connect
 from tests.conftest import REPO, wait_event, worker_env
 
@@ -26,12 +27,14 @@ def test_forked_workers_are_rq_workers_and_leave_with_the_run(tmp_path, redis_se
     conn = connect(redis_server.url)
     conn.flushall()
     exp = f"fork_{os.getpid()}"
+    ns = keys.namespace(exp, "r")  # the run's key namespace (--name r)
     train = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
+                              "--name", "r",
                               "--set", f"exp_name={exp}", "--set", "env.stop_value=100000", "--collectors", "1"],
                              cwd=tmp_path, env=worker_env(""), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_event(conn, exp, lambda ev: ev.get("type") == "started" and ev.get("task_type") == "collector", timeout=120)
-        learner = wait_event(conn, exp, lambda ev: ev.get("type") == "started" and ev.get("task_type") == "learner",
+        wait_event(conn, ns, lambda ev: ev.get("type") == "started" and ev.get("task_type") == "collector", timeout=120)
+        learner = wait_event(conn, ns, lambda ev: ev.get("type") == "started" and ev.get("task_type") == "learner",
                              timeout=5)
         workers = [w for w in Worker.all(connection=conn) if w.name.startswith(f"{exp}-")]
         queues = sorted(q for w in workers for q in w.queue_names())

@@ -81,8 +81,9 @@ def test_rqrl_train_with_two_learners_converges_and_survives_a_lost_rank(tmp_pat
     """CartPole with learner_num=2 to stop_value 150; rank 1 is killed once it has trained, so
     the group restarts from checkpoint 'latest' and still converges."""
     exp = f"ddp_{os.getpid()}"
+    ns = keys.namespace(exp, "r")  # the run's key namespace (--name r)
     conn = connect(redis_server.url)
-    args = [sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
+    args = [sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url, "--name", "r",
             "--set", f"exp_name={exp}", "--set", "env.stop_value=150", "--seed", "1",
             "--set", "policy.learn.learner_num=2", "--set", "commander.max_wall_seconds=150",
             "--set", "policy.learn.learner.hook.save_ckpt_after_iter=100"]
@@ -92,7 +93,7 @@ def test_rqrl_train_with_two_learners_converges_and_survives_a_lost_rank(tmp_pat
     try:
         deadline = time.monotonic() + 150
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
-            for _, entries in conn.xread({keys.events(exp): last}, block=500) or []:
+            for _, entries in conn.xread({keys.events(ns): last}, block=500) or []:
                 for last, raw in entries:
                     ev = streams.decode_fields(raw)
                     if ev.get("type") == "started" and ev.get("rank") == 1:
@@ -109,11 +110,11 @@ def test_rqrl_train_with_two_learners_converges_and_survives_a_lost_rank(tmp_pat
             proc.communicate(timeout=60)
     assert killed is not None, "rank 1 never started or never trained: " + err[-3000:]
     assert proc.returncode == 0, out + err[-3000:]
-    summary = json.loads((tmp_path / exp / "summary.json").read_text())
+    summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["last_eval_reward_mean"] >= 150
-    coord_log = (tmp_path / exp / "log" / "coordinator.log").read_text()
+    coord_log = (tmp_path / exp / "latest" / "log" / "coordinator.log").read_text()
     assert "dropped with its group" in coord_log, coord_log[-3000:]
-    evs = _events(conn, exp)
+    evs = _events(conn, ns)
     started = [e for e in evs if e.get("type") == "started" and e.get("task_type") == "learner"]
     # Two groups of two ranks: the first, then the replacement after the kill.
     assert sorted(e["rank"] for e in started) == [0, 0, 1, 1], started
@@ -121,5 +122,5 @@ def test_rqrl_train_with_two_learners_converges_and_survives_a_lost_rank(tmp_pat
     first_rank0 = next(e["task_id"] for e in started if e["rank"] == 0)
     second = [int(e["train_iter"]) for e in evs if e.get("type") == "learner_info" and e["task_id"] != first_rank0]
     assert second and min(second) >= 100, second
-    rank0_log = (tmp_path / exp / "log" / "learner" / "learner.txt").read_text()
+    rank0_log = (tmp_path / exp / "latest" / "log" / "learner" / "learner.txt").read_text()
     assert "loaded checkpoint 'latest'" in rank0_log, rank0_log[-2000:]
