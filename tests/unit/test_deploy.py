@@ -331,11 +331,14 @@ def test_dockerfile():
     assert ins[0] == ("FROM", "python:3.11-slim")
     runs = [i for i, (op, arg) in enumerate(ins) if op == "RUN"]
     torch_run = next(i for i in runs if "pip install" in ins[i][1] and "torch==" in ins[i][1])
-    pkg_run = next(i for i in runs if re.search(r"pip install (--\S+ )*\.(\s|$)", ins[i][1]))
+    # The package itself, with the optional extras of --build-arg EXTRAS (none by default).
+    pkg_run = next(i for i in runs if re.search(r'pip install (--\S+ )*"?\.(\$\{EXTRAS:\+\[\$EXTRAS\]\})?"?(\s|$)',
+                                                ins[i][1]))
     assert torch_run < pkg_run, "torch must be installed before the package (pyproject's range then keeps it)"
     args = {a.split("=", 1)[0]: a.split("=", 1)[1] for op, a in ins if op == "ARG" and "=" in a}
     assert args["TORCH_VERSION"] == "2.13.0"
     assert args["TORCH_INDEX_URL"].endswith("/cpu")
+    assert args["EXTRAS"] == ""
     # Non-root user for everything after the installs, working in the /runs volume.
     users = [(i, a.strip()) for i, (op, a) in enumerate(ins) if op == "USER"]
     assert users and users[-1][0] > pkg_run and users[-1][1] not in ("root", "0")
