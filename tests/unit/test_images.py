@@ -103,7 +103,7 @@ def test_a_chunk_with_float_pixels_is_refused_where_the_schema_keeps_uint8():
     assert check_chunk(schema, {"obs": np.zeros((3, 2, 2), np.uint8)}, "chunk") == 3
 
 
-def test_ppo_learns_from_uint8_rollouts_and_sac_refuses_images_in_one_line():
+def test_ppo_and_sac_learn_from_uint8_images():
     spec = spaces.from_spaces("X-v0", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), ACT)
     cfg = compile_config({"policy": {"learn": {"batch_size": 8}}}, {"policy": {"type": "ppo"}})
     spaces.check_model(cfg, spec)
@@ -113,8 +113,20 @@ def test_ppo_learns_from_uint8_rollouts_and_sac_refuses_images_in_one_line():
     _, record = policy.act(obs, {}, rng)
     batch = dict(record, obs=obs, adv=np.ones(16, np.float32), ret=np.ones(16, np.float32))
     assert np.isfinite(policy.learn(batch)["total_loss"])
-    box = spaces.from_spaces("X-v0", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Box(-1, 1, (2,)))
-    cfg = compile_config({}, {"policy": {"type": "sac"}})
-    with pytest.raises(spaces.SpaceError, match="image observations.*flat observations only") as e:
-        create_policy(cfg, box)
-    assert "\n" not in str(e.value)
+    # SAC: Box actions from pixels, a conv torso in the actor and in each critic.
+    box = spaces.from_spaces("X-v0", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Box(-2, 2, (2,)))
+    cfg = compile_config({"policy": {"learn": {"batch_size": 8}}}, {"policy": {"type": "sac"}})
+    spaces.check_model(cfg, box)
+    sac = create_policy(cfg, box, device="cpu")
+    assert sac.schema()["obs"] == ((36, 36, 3), np.dtype(np.uint8))
+    env_action, _ = sac.act(obs, {}, rng)
+    assert env_action.shape == (16, 2) and np.all(np.abs(env_action) <= 2.0)
+    before = {k: v.copy() for k, v in sac.get_weights().items()}
+    batch = {"obs": obs, "action": rng.uniform(-1, 1, (16, 2)).astype(np.float32),
+             "reward": rng.normal(size=16).astype(np.float32), "next_obs": obs[::-1].copy(),
+             "done": np.zeros(16, bool), "discount": np.full(16, 0.99, np.float32)}
+    info = sac.learn(batch)
+    assert all(np.isfinite(v) for v in info.values() if isinstance(v, float))
+    after = sac.get_weights()
+    conv = [k for k in after if ".torso." in k or ".0.net.0." in k]
+    assert conv and any(not np.array_equal(before[k], after[k]) for k in conv), "the actor's conv torso did not learn"

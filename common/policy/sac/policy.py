@@ -17,6 +17,10 @@ Learn step, twin critics Q1, Q2 with Polyak-averaged targets Q1', Q2'::
     L_pi     = mean(alpha * logp - min(Q1, Q2)(obs, a~))
     L_alpha  = -mean(log_alpha * (logp + target_entropy)),  target_entropy = -|A|
     Q' <- tau * Q + (1 - tau) * Q'
+
+Image observations (uint8, see common/spaces.py) go through a conv torso (``policy.model.conv``,
+the Nature DQN's by default) in the actor and in each critic, each with its own torso (as
+Haarnoja et al.'s networks have no shared parts); pixels are scaled on the device.
 """
 
 from __future__ import annotations
@@ -39,12 +43,12 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
 
 class Actor(nn.Module):
-    """Observations -> (mu, log_std) of the pre-squash Gaussian, each float32 (B, A)."""
+    """Observations (:func:`nets.obs_tensor` output) -> (mu, log_std) of the pre-squash Gaussian,
+    each float32 (B, A). ``model_cfg.conv`` is read for image observations only."""
 
-    def __init__(self, spec: SpaceSpec, hidden: list[int]) -> None:
+    def __init__(self, spec: SpaceSpec, hidden: list[int], model_cfg: Any = None) -> None:
         super().__init__()
-        self.body = nets.mlp([spec.obs_dim, *hidden])
-        last = hidden[-1] if hidden else spec.obs_dim
+        self.body, last = nets.encoder(spec, model_cfg, hidden)
         self.mu = nn.Linear(last, spec.action_dim)
         self.log_std = nn.Linear(last, spec.action_dim)
 
@@ -65,23 +69,31 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """(observations, actions in [-1, 1]) -> Q float32 (B,)."""
+    """(observations, actions in [-1, 1]) -> Q float32 (B,); images are encoded by a conv torso
+    first, and the action joins the flattened features."""
 
-    def __init__(self, spec: SpaceSpec, hidden: list[int]) -> None:
+    def __init__(self, spec: SpaceSpec, hidden: list[int], model_cfg: Any = None) -> None:
         super().__init__()
-        self.net = nn.Sequential(nets.mlp([spec.obs_dim + spec.action_dim, *hidden]),
-                                 nn.Linear(hidden[-1] if hidden else spec.obs_dim + spec.action_dim, 1))
+        self.torso: Optional[nn.Module] = None
+        features = spec.obs_dim
+        if spec.obs_kind == "image":
+            self.torso = nets.ConvTorso(spec.image_chw, [list(layer) for layer in model_cfg.conv])
+            features = self.torso.out_dim
+        self.net = nn.Sequential(nets.mlp([features + spec.action_dim, *hidden]),
+                                 nn.Linear(hidden[-1] if hidden else features + spec.action_dim, 1))
 
     def forward(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        if self.torso is not None:
+            x = self.torso(x)
         return self.net(torch.cat([x, a], dim=-1)).squeeze(-1)
 
 
 class ActingModel(nn.Module):
     """What collectors load: the actor only (the critics never leave the learner)."""
 
-    def __init__(self, spec: SpaceSpec, hidden: list[int]) -> None:
+    def __init__(self, spec: SpaceSpec, hidden: list[int], model_cfg: Any = None) -> None:
         super().__init__()
-        self.actor = Actor(spec, hidden)
+        self.actor = Actor(spec, hidden, model_cfg)
 
 
 class SACPolicy(Policy):
@@ -93,17 +105,15 @@ class SACPolicy(Policy):
         if spec.action_kind != "box":
             raise SpaceError(f"env {spec.env_id!r} has a Discrete action space; SAC needs Box actions "
                              "(use create_config.policy.type='dqn' or 'ppo')")
-        if spec.obs_kind == "image":
-            raise SpaceError(f"env {spec.env_id!r} has image observations {spec.obs_shape}; rqrl's SAC takes flat "
-                             "observations only (use create_config.policy.type='ppo' for images with Box actions)")
         p = cfg.policy
         self.device = nets.pick_device(cfg, device)
         self._low = np.asarray(spec.action_low, np.float32)
         self._high = np.asarray(spec.action_high, np.float32)
-        self.model = ActingModel(spec, list(p.model.actor_hidden_size_list)).to(self.device)
+        self.model = ActingModel(spec, list(p.model.actor_hidden_size_list), p.model).to(self.device)
         if "learn" in self.modes:
             lc, hidden = p.learn, list(p.model.critic_hidden_size_list)
-            self.q1, self.q2 = Critic(spec, hidden).to(self.device), Critic(spec, hidden).to(self.device)
+            self.q1 = Critic(spec, hidden, p.model).to(self.device)
+            self.q2 = Critic(spec, hidden, p.model).to(self.device)
             self.q1_target, self.q2_target = nets.frozen_copy(self.q1), nets.frozen_copy(self.q2)
             self.q_optimizer = nets.adam([*self.q1.parameters(), *self.q2.parameters()], lc.learning_rate_q)
             self.actor_optimizer = nets.adam(self.model.parameters(), lc.learning_rate_policy)
