@@ -280,6 +280,9 @@ def _validate(cfg: dict) -> None:
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"config key {name!r} must be >= 1, got {value}")
+    # numpy's SeedSequence (common/seeding.py) takes non-negative entropy only.
+    if cfg.get("seed", 0) < 0:
+        raise ConfigError(f"config key 'seed' must be >= 0, got {cfg['seed']}")
     cap = cfg["commander"]["collector_task_space"]
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         raise ConfigError("config key 'commander.collector_task_space' must be None (follow the collector workers) "

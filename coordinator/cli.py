@@ -34,7 +34,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             run_dir = runs.find_run_dir(Path("."), cfg.exp_name, args.resume)
         except ValueError as e:
             raise ConfigError(f"--resume: {e}") from None
-        point = run_dir / "resume.json"
+        point, summary = run_dir / "resume.json", run_dir / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text()).get("exit_code") == 0:
+            raise ConfigError(f"--resume: run {run_dir} converged (its summary.json says exit_code 0); "
+                              "start a new run instead")
         if not point.is_file():
             raise ConfigError(f"--resume: {point} does not exist: the run saved no learner checkpoint to resume from")
         seed = int(json.loads(point.read_text())["seed"])

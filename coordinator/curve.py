@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
         return _draw(points, stop_value, Path(args.out) if args.out else run_dir / "curve.png", t0,
                      f"{run_dir.parent.name}/{run_dir.name}")
     if not args.exp:
-        print("rqrl curve: error: give --exp (with Redis) or --run-dir", file=sys.stderr)
+        print("rqrl curve: error: give --exp EXP[/RUN] (its run folder, else Redis) or --run-dir DIR", file=sys.stderr)
         return 1
     url = resolve_url(args.redis_url)
     try:

@@ -428,7 +428,7 @@ class Coordinator:
                 self._keep_alive()
             if now >= self._next_summary:
                 self._next_summary = now + 1.0
-                self._write_summary()
+                self._write_summary(running=True)
                 self._save_resume_point()
             if now >= self._next_trim:
                 self._next_trim = now + _TRIM_EVERY_S
@@ -733,13 +733,19 @@ class Coordinator:
             self.log.error("could not %s: %s", what, e)
             return False
 
-    def _write_summary(self, **extra: Any) -> dict[str, Any]:
+    def _write_summary(self, running: bool = False, **extra: Any) -> dict[str, Any]:
+        """Write the commander summary for ``rqrl status``. While ``running``, an OOM reply is
+        raised (it is the first write refused once Redis is full, and stopping at once beats
+        waiting for heartbeats to expire); in the wrap-up it is logged."""
         summary = dict(self.commander.summary(), exp_name=self.exp_name, run_name=self.run_name,
                        run_id=self.run_id, coordinator=self.name,
                        collector_workers=self.collector_workers,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
-        self._best_effort("write the summary to Redis", self.conn.hset, keys.commander(self.exp),
-                          mapping=streams.encode_fields(summary))
+        mapping = streams.encode_fields(summary)
+        if running:
+            self.conn.hset(keys.commander(self.exp), mapping=mapping)
+        else:
+            self._best_effort("write the summary to Redis", self.conn.hset, keys.commander(self.exp), mapping=mapping)
         return summary
 
     def _finish(self, code: int, reason: str) -> None:

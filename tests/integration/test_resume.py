@@ -56,3 +56,8 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path):
     (tmp_path / "cartpole_dqn" / "r0").mkdir(parents=True)
     res = run_rqrl("train", CONFIG, "--resume", "r0", cwd=tmp_path, timeout=60)
     assert res.returncode == 1 and "resume.json does not exist" in res.stderr, res.stderr
+    # A converged run is over: resuming it would train on and replace its final.pt.
+    (tmp_path / "cartpole_dqn" / "r0" / "resume.json").write_text('{"seed": 0}')
+    (tmp_path / "cartpole_dqn" / "r0" / "summary.json").write_text('{"exit_code": 0}')
+    res = run_rqrl("train", CONFIG, "--resume", "r0", cwd=tmp_path, timeout=60)
+    assert res.returncode == 1 and "converged" in res.stderr and "start a new run" in res.stderr, res.stderr

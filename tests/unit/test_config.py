@@ -103,6 +103,12 @@ def test_bool_refused_for_int():
         compile_config({"env": {"collector_env_num": True}})
 
 
+def test_a_negative_seed_is_refused_before_anything_starts():
+    base = compile_config({"exp_name": "e"})
+    with pytest.raises(ConfigError, match="config key 'seed' must be >= 0, got -1"):
+        apply_overrides(base, ["seed=-1"])
+
+
 def test_int_refused_for_bool():
     with pytest.raises(ConfigError, match="policy.cuda"):
         compile_config({"policy": {"cuda": 1}})
