@@ -25,9 +25,10 @@ class MemoryBudgetError(MemoryError):
     fatal = True  # a new learner task would fail the same way
 
 
-def replay_bytes(cfg: Any, spec: SpaceSpec, schema: dict[str, Any]) -> int:
-    """Bytes of the replay buffer that ``cfg`` asks for with this policy schema."""
-    capacity = int(cfg.policy.other.replay_buffer.replay_buffer_size)
+def replay_bytes(cfg: Any, spec: SpaceSpec, schema: dict[str, Any], capacity: Optional[int] = None) -> int:
+    """Bytes of a replay buffer of ``capacity`` rows (default ``replay_buffer_size``) with this policy schema."""
+    if capacity is None:
+        capacity = int(cfg.policy.other.replay_buffer.replay_buffer_size)
     return frames.buffer_bytes(capacity, schema, frames.framed_fields(spec, schema))
 
 
@@ -59,8 +60,9 @@ def _gb(n: float) -> str:
     return f"{n / 2**30:.2f} GB" if n >= 2**30 else f"{n / 2**20:.1f} MB"
 
 
-def check(cfg: Any, spec: SpaceSpec, schema: dict[str, Any]) -> tuple[int, str]:
-    """Estimate the replay buffer and compare it with the memory available.
+def check(cfg: Any, spec: SpaceSpec, schema: dict[str, Any], capacity: Optional[int] = None) -> tuple[int, str]:
+    """Estimate the replay buffer of ``capacity`` rows (default ``replay_buffer_size``; a rank of
+    a learner group holds its share) and compare it with the memory available.
 
     Returns:
         ``(bytes, message)``: the estimate and a line to log.
@@ -68,12 +70,15 @@ def check(cfg: Any, spec: SpaceSpec, schema: dict[str, Any]) -> tuple[int, str]:
     Raises:
         MemoryBudgetError: the estimate exceeds :data:`HEADROOM` of the memory available.
     """
-    need = replay_bytes(cfg, spec, schema)
     size = int(cfg.policy.other.replay_buffer.replay_buffer_size)
+    rows = size if capacity is None else capacity
+    need = replay_bytes(cfg, spec, schema, rows)
     avail = available_bytes()
     where = f"{_gb(avail[0])} available ({avail[1]})" if avail else "memory available unknown"
-    msg = f"replay buffer: {size} transitions need {_gb(need)} ({need / max(size, 1):.0f} bytes each); {where}"
+    msg = f"replay buffer: {rows} transitions need {_gb(need)} ({need / max(rows, 1):.0f} bytes each); {where}"
     if avail and need > HEADROOM * avail[0]:
-        raise MemoryBudgetError(f"config key 'policy.other.replay_buffer.replay_buffer_size' = {size} needs ~{_gb(need)} "
-                                f"but only {where} on this machine; lower replay_buffer_size or give the learner more memory")
+        share = f" ({rows} rows on this learner rank)" if rows != size else ""
+        raise MemoryBudgetError(f"config key 'policy.other.replay_buffer.replay_buffer_size' = {size}{share} needs "
+                                f"~{_gb(need)} but only {where} on this machine; lower replay_buffer_size or give the "
+                                "learner more memory")
     return need, msg

@@ -243,6 +243,7 @@ class Launcher:
                 coord.send_signal(signal.SIGINT)
                 try:
                     coord.wait(timeout=20)
+                    self._print_closing_block()
                 except (subprocess.TimeoutExpired, KeyboardInterrupt):
                     pass
             return 128 + getattr(e, "signum", signal.SIGINT)
@@ -355,13 +356,19 @@ class Launcher:
         if summary_path.is_file():
             progress.from_summary(json.loads(summary_path.read_text()))
         progress.show(final=True)
-        code = coord.returncode
-        tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
+        self._print_closing_block()
+        return coord.returncode
+
+    def _print_closing_block(self) -> None:
+        """Echo the coordinator's closing summary block (why it stopped, figures, final.pt) from its log."""
+        try:
+            tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return
         heads = [i for i, ln in enumerate(tail) if ln.startswith(f"rqrl {self.ns}:")]
-        if heads:  # the coordinator's closing summary block
+        if heads:
             block = [tail[heads[-1]]] + [ln for ln in tail[heads[-1] + 1:] if ln.startswith("  ")]
             print("\n".join(block))
-        return code
 
     def _teardown(self) -> None:
         # Workers end their tasks at the stop flag; set it in case the coordinator could not.

@@ -130,5 +130,7 @@ def test_ctrl_c_or_sigterm_stops_everything(tmp_path, redis_server, sig):
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 128 + int(sig), out + err[-3000:]
+    # The closing block reaches the terminal too: why it stopped and where final.pt is.
+    assert f"interrupted by {signal.Signals(signal.SIGINT).name}" in out and "final policy" in out, out
     time.sleep(0.5)
     assert _orphans(exp) == []

@@ -147,6 +147,9 @@ def test_memory_budget_names_replay_buffer_size_when_the_buffer_will_not_fit(mon
     cfg.policy.other.replay_buffer.replay_buffer_size = 100_000
     need, msg = memory_budget.check(cfg, spec, schema)
     assert need == frames.buffer_bytes(100_000, schema, ["obs", "next_obs"]) and "100000 transitions need" in msg
+    # One rank of a two-rank learner group holds half the rows, and says so.
+    need, msg = memory_budget.check(cfg, spec, schema, 50_000)
+    assert need == frames.buffer_bytes(50_000, schema, ["obs", "next_obs"]) and "50000 transitions need" in msg
 
 
 def test_available_memory_is_read_on_this_host():

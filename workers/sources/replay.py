@@ -42,7 +42,7 @@ class ReplayFeeder(DataSource):
         framed: list[str] = []
         if spec is not None:  # a learner task: image frames once, and the memory budget before allocating
             framed = frames.framed_fields(spec, schema)
-            _, msg = memory_budget.check(cfg, spec, schema)
+            _, msg = memory_budget.check(cfg, spec, schema, size)
             learner.logger.info(msg)
         if rb.priority:
             self.store: ReplayBuffer = PrioritizedReplayBuffer(
