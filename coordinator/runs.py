@@ -42,15 +42,25 @@ def reserve_run_dir(out_dir: Path, exp_name: str, seed: int, name: Optional[str]
             raise ValueError(f"run folder {exp_dir / name} exists already: choose another --name, "
                              "or continue that run with --resume") from None
         return exp_dir / name
-    base = new_run_name(seed)
+    return reserve_free_dir(exp_dir, new_run_name(seed))
+
+
+def reserve_free_dir(parent: Path, base: str) -> Path:
+    """Create and return ``parent/base``, or ``base-2``, ``base-3``, ... when taken (mkdir is the
+    arbiter between processes starting at the same second).
+
+    Raises:
+        ValueError: all of the first 999 names are taken.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
-        run = base if n == 1 else f"{base}-{n}"
+        path = parent / (base if n == 1 else f"{base}-{n}")
         try:
-            (exp_dir / run).mkdir()
-            return exp_dir / run
+            path.mkdir()
+            return path
         except FileExistsError:
             continue
-    raise ValueError(f"no free run name under {exp_dir} for {base}")
+    raise ValueError(f"no free folder under {parent} for {base}")
 
 
 def find_run_dir(out_dir: Path, exp_name: str, ref: str) -> Path:

@@ -185,7 +185,8 @@ class Sweep(Launcher):
 
     def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
                  coordinator_args: list[str], seeds: list[int], eval_episodes: int = 20, out_dir: str = ".") -> None:
-        self.sweep_dir = _reserve_sweep_dir(Path(out_dir) / cfg.exp_name)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.sweep_dir = runs.reserve_free_dir(Path(out_dir) / cfg.exp_name, f"sweep-{stamp}")
         super().__init__(cfg, config_path, redis_url, collectors, coordinator_args, self.sweep_dir.name, out_dir)
         self.log_dir = self.sweep_dir / "log"  # the fleet's and the coordinators' output
         self.seeds = seeds
@@ -282,17 +283,3 @@ class Sweep(Launcher):
         plot_sweep(curves, self.cfg.env.stop_value, self.sweep_dir / "sweep.png", title)
         print(md + f"\nwritten: {self.sweep_dir}/sweep.md, sweep.json, sweep.png", flush=True)
         return out
-
-
-def _reserve_sweep_dir(exp_dir: Path) -> Path:
-    """A new ``exp_dir/sweep-{UTC time}`` folder (``-2``, ``-3``, ... when taken)."""
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    base = "sweep-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    for n in range(1, 1000):
-        path = exp_dir / (base if n == 1 else f"{base}-{n}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise ValueError(f"no free sweep folder under {exp_dir} for {base}")

@@ -39,11 +39,11 @@ import torch
 from easydict import EasyDict
 
 from common import events, keys, spaces
+from common.device import pick_device
 from common.finite import check_train_step
 from common.logs import build_logger, build_tb_writer
 from common.policy import Policy, algorithm_of, create_policy, export
 from common.registry import LEARNER_REGISTRY, import_names
-from common.policy.nets import pick_device
 from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
 from workers.ddp import LearnerGroup, join
 from workers.learner_hooks import LearnerHook, build_hooks

@@ -112,18 +112,3 @@ def set_weights(module: nn.Module, weights: dict[str, np.ndarray]) -> None:
         if tuple(np.shape(v)) != tuple(own[k].shape):
             raise ValueError(f"policy weight {k!r} has shape {tuple(np.shape(v))}, model expects {tuple(own[k].shape)}")
     module.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
-
-
-def pick_device(cfg: Any, device: str | None) -> torch.device:
-    """``device`` if given, else from ``policy.cuda``: True -> CUDA, "auto" -> CUDA when it exists, False -> CPU.
-
-    Raises:
-        RuntimeError: ``policy.cuda=True`` on a machine without CUDA (named, with the way out).
-    """
-    if device is None:
-        want = cfg.policy.cuda
-        if want is True and not torch.cuda.is_available():
-            raise RuntimeError("config key 'policy.cuda' is True but this machine has no CUDA device "
-                               f"(torch {torch.__version__}); set policy.cuda=False, or 'auto' to use CUDA where it exists")
-        device = "cuda" if want is True or (want == "auto" and torch.cuda.is_available()) else "cpu"
-    return torch.device(device)

@@ -365,13 +365,13 @@ def test_policy_cuda_accepts_bool_and_auto_only():
 def test_cuda_true_without_cuda_fails_naming_the_key(monkeypatch):
     import torch
 
-    from common.policy import nets
+    from common.device import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="policy.cuda"):
-        nets.pick_device(compile_config({"policy": {"cuda": True}}), None)
-    assert nets.pick_device(compile_config({"policy": {"cuda": "auto"}}), None).type == "cpu"
-    assert nets.pick_device(compile_config({}), None).type == "cpu"
+        pick_device(compile_config({"policy": {"cuda": True}}), None)
+    assert pick_device(compile_config({"policy": {"cuda": "auto"}}), None).type == "cpu"
+    assert pick_device(compile_config({}), None).type == "cpu"
     from coordinator.cli import main
 
     assert main(["train", str(REPO / "deploy" / "configs" / "cartpole_dqn.py"), "--set", "policy.cuda=True"]) == 1

@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from easydict import EasyDict
 
+from common.device import pick_device
 from common.policy import nets
 from common.policy.base import Policy, Schema
 from common.policy.nstep import NStepAdder
@@ -76,7 +77,7 @@ class DQNPolicy(Policy):
         self._nstep = int(p.nstep)
         if self._nstep < 1:
             raise ValueError(f"config key 'policy.nstep' must be >= 1, got {self._nstep}")
-        self.device = nets.pick_device(cfg, device)
+        self.device = pick_device(cfg, device)
         self.model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling, p.model).to(self.device)
         if "learn" in self.modes:
             self.target_model = nets.frozen_copy(self.model)
