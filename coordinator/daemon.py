@@ -75,8 +75,27 @@ _WORKERS_EVERY_S = 0.5
 
 
 def _fmt(value: Any) -> str:
-    """An eval figure for the closing lines: 2 decimals, or ``none``."""
-    return f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "none"
+    """An eval figure for the closing lines: 2 decimals, or ``-`` (no eval, or one that finished no episode)."""
+    return f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def eval_record(ev: dict[str, Any], run_id: str, envstep: int, wall_seconds: float) -> dict[str, Any]:
+    """The record of one finished eval task (``rqrl:{exp}:evals``, ``evals.jsonl``) from its event.
+
+    ``envstep`` (env steps collected so far) and ``wall_seconds`` (the run's wall clock: seconds
+    since it started, pauses before a ``--resume`` not counted) are the coordinator's when it
+    read the event; ``time`` is the worker's unix time. An eval that finished no episode has
+    ``episodes`` 0 and no ``reward_mean`` / ``reward_std`` (never 0.0: there is no number).
+    """
+    rec: dict[str, Any] = {
+        "task_id": ev["task_id"], "run_id": run_id, "envstep": envstep,
+        "train_iter": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
+        "episodes": int(ev.get("real_episode_count") or 0), "confirmation": ev.get("confirmation") is True,
+        "time": ev.get("ts", time.time()), "wall_seconds": round(wall_seconds, 3)}
+    reward = events.episode_figure(ev, "reward_mean")
+    if reward is not None:
+        rec.update(reward_mean=reward, reward_std=events.episode_figure(ev, "reward_std") or 0.0)
+    return rec
 
 
 def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
@@ -557,12 +576,8 @@ class Coordinator:
             if kind == "collector":
                 converged = self.commander.finish_collector_task(tid, ev)
                 if ev.get("eval_flag") is True:
-                    self._new_evals.append({
-                        "task_id": tid, "run_id": self.run_id, "envstep": self.commander.total_envstep,
-                        "train_iter": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
-                        "reward_mean": ev["reward_mean"], "reward_std": ev.get("reward_std", 0.0),
-                        "episodes": ev.get("real_episode_count", 0), "confirmation": ev.get("confirmation") is True,
-                        "time": ev.get("ts", time.time())})
+                    self._new_evals.append(eval_record(ev, self.run_id, self.commander.total_envstep,
+                                                       time.time() - self._t0))
                 return converged
             if int(entry["task"].get("rank", 0)) != 0:
                 return False  # rank 0 of a learner group reports for the group
@@ -754,16 +769,16 @@ class Coordinator:
         cm = self.commander
         resume_state = cm.state_dict()  # what --resume continues from (with the learner's last checkpoint)
         last = cm.last_eval or {}
-        self._evals_at_stop = [dict(e) for e in getattr(cm, "evaluations", [])]
         final_task = getattr(cm, "final_eval_task", None)
         best = dict(getattr(cm, "best_eval", {}))
+        # No eval yet, or none with a finished episode: None (null in summary.json), never 0.
         self._at_stop = {"envstep": cm.total_envstep, "train_iter": cm.train_iter,
-                         "final_eval_task": final_task or "", "best_eval_reward_mean": best.get("reward_mean", ""),
-                         "best_policy_version": best.get("policy_version", ""),
-                         "last_eval_reward_mean": last.get("reward_mean", ""),
-                         "last_eval_train_iter": last.get("train_iter", ""),
-                         "last_eval_envstep": last.get("envstep", ""),
-                         "last_eval_policy_envstep": last.get("policy_envstep", ""),
+                         "final_eval_task": final_task or "", "best_eval_reward_mean": best.get("reward_mean"),
+                         "best_policy_version": best.get("policy_version"),
+                         "last_eval_reward_mean": last.get("reward_mean"),
+                         "last_eval_train_iter": last.get("train_iter"),
+                         "last_eval_envstep": last.get("envstep"),
+                         "last_eval_policy_envstep": last.get("policy_envstep"),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
         if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and self.running:
             # DEL needs no memory: without their leases the tasks stop at their next write.
@@ -813,13 +828,17 @@ class Coordinator:
         print("\n".join(lines), flush=True)
 
     def _plot_curve(self) -> Optional[Path]:
-        """The run folder's ``curve.png``: eval reward against env steps and wall time, with the stop_value line."""
-        if not self._evals_at_stop:
-            return None
-        from coordinator.curve import plot_curve
+        """The run folder's ``curve.png``: eval reward against env steps and the run's wall clock,
+        with the stop_value line, drawn from the run's ``evals.jsonl`` as ``rqrl curve`` draws it."""
+        from coordinator.curve import evals_from_folder, plot_curve, without_reward
 
+        if not (self.out / "evals.jsonl").is_file():
+            return None
         try:
-            return plot_curve(self._evals_at_stop, float(self.cfg.env.stop_value), self.out / "curve.png", t0=self._t0,
+            points, t0, _ = evals_from_folder(self.out)
+            if len(points) == without_reward(points):
+                return None  # no eval, or none that finished an episode: nothing to draw
+            return plot_curve(points, float(self.cfg.env.stop_value), self.out / "curve.png", t0=t0,
                               title=f"{self.exp} ({self.cfg.env.env_id})")
         except Exception as e:  # a plotting problem must not turn a converged run into a failure
             self.log.warning("could not draw curve.png: %s", e)

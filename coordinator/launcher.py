@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 import redis
 
-from common import keys, streams
+from common import events, keys, streams
 from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
@@ -135,15 +135,14 @@ class Progress:
             self.envstep = max(self.envstep, int(ev.get("collector_envstep", 0)))
             self.train_iter = max(self.train_iter, int(ev.get("train_iter", 0)))
         elif ev.get("type") == "finished" and ev.get("eval_flag") is True:
-            self.eval = float(ev.get("reward_mean", 0.0))
+            self.eval = events.episode_figure(ev, "reward_mean")  # None ("-"): the eval finished no episode
 
     def from_summary(self, summary: dict[str, Any]) -> None:
         """Take the run's final figures (summary.json) for the closing line."""
         self.envstep = int(summary.get("envstep") or self.envstep)
         self.train_iter = int(summary.get("train_iter") or self.train_iter)
-        last = summary.get("last_eval_reward_mean")
-        if isinstance(last, (int, float)) and not isinstance(last, bool):
-            self.eval = float(last)
+        if "last_eval_reward_mean" in summary:
+            self.eval = events.figure(summary, "last_eval_reward_mean")
 
     def line(self) -> str:
         ev = "-" if self.eval is None else f"{self.eval:.1f}"

@@ -26,7 +26,7 @@ from typing import Any, Optional
 import redis
 from easydict import EasyDict
 
-from common import keys, streams
+from common import events, keys, streams
 from coordinator import runs
 from coordinator.launcher import Launcher, Progress, _coordinator_main
 
@@ -170,6 +170,26 @@ def plot_sweep(curves: dict[int, list[tuple[float, float]]], stop_value: Optiona
     return path
 
 
+def run_curve(run_dir: Path) -> list[tuple[float, float]]:
+    """``(env steps, eval reward_mean)`` of each eval in a run folder's ``evals.jsonl`` that
+    finished an episode (the others have no reward and no point), in file order."""
+    path = run_dir / "evals.jsonl"
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+    return [(float(r["envstep"]), reward) for r in rows
+            if (reward := events.episode_figure(r, "reward_mean")) is not None]
+
+
+def sweep_line(progress: dict[int, Progress], seconds: float) -> str:
+    """The sweep's progress line: per seed its env steps and last eval reward, each labelled
+    (``-``: no eval yet, or the last one finished no episode), then the sweep's wall time."""
+    def ev(p: Progress) -> str:
+        return "-" if p.eval is None else f"{p.eval:g}"
+
+    stop = next(iter(progress.values())).stop_value if progress else None
+    return (" | ".join(f"seed {s}: {p.envstep:,} env steps, eval {ev(p)}" for s, p in progress.items())
+            + (f" (stop_value {stop:g})" if stop is not None else "") + f" | {seconds:.0f} s")
+
+
 class Sweep(Launcher):
     """Runs the seeds of one config at once on one Redis and one worker fleet (module docstring).
 
@@ -240,8 +260,7 @@ class Sweep(Launcher):
                     print(f"seed {s} ({self.run_names[s]}) ended with exit code {proc.returncode}", file=sys.stderr)
             if time.time() >= next_print:
                 next_print = time.time() + 5.0
-                print(" | ".join(f"s{s} {p.envstep:,} steps {'-' if p.eval is None else f'{p.eval:.0f}'}"
-                                 for s, p in progress.items()) + f" | {time.time() - t0:.0f} s", file=sys.stderr)
+                print(sweep_line(progress, time.time() - t0), file=sys.stderr)
 
     def report(self) -> dict[str, Any]:
         """Re-evaluate each final.pt, write sweep.json / sweep.md / sweep.png; returns sweep.json's content."""
@@ -270,9 +289,7 @@ class Sweep(Launcher):
                 except EvalError as e:
                     row["status"] += f"; re-eval failed: {e}"
             rows.append(row)
-            evals = run_dir / "evals.jsonl"
-            points = [json.loads(ln) for ln in evals.read_text().splitlines() if ln.strip()] if evals.is_file() else []
-            curves[s] = [(float(p["envstep"]), float(p["reward_mean"])) for p in points]
+            curves[s] = run_curve(run_dir)
         summary = summarize(rows)
         title = f"{self.cfg.exp_name} ({self.cfg.env.env_id}), seeds {','.join(map(str, self.seeds))}"
         out = {"exp_name": self.cfg.exp_name, "env_id": self.cfg.env.env_id, "stop_value": self.cfg.env.stop_value,

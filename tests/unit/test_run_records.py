@@ -1,0 +1,209 @@
+"""A run's record is always true (issue 20, item 1): an eval or a collector task that finished no
+episode has no reward. It is never the best, never passing, never plotted, never 0.0 in
+evals.jsonl, summary.json, best.pt, TensorBoard, the progress line, `rqrl status` or a sweep.
+
+The events are fed as the workers send them: a collector that finished no episode omits
+``reward_mean``, ``reward_std``, ``avg_step_per_episode`` and ``avg_time_per_episode``; one of an
+earlier version sent 0.0 there with ``real_episode_count`` 0, which must read the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from easydict import EasyDict
+
+from common import blobstore, keys, streams
+from coordinator import curve
+from coordinator.commander import create_commander
+from coordinator.daemon import Coordinator
+from coordinator.launcher import Progress
+from coordinator.status import collect_status, render
+from coordinator.sweep import run_curve, sweep_line
+
+
+class FakeTB:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, int]] = []
+
+    def add_scalar(self, tag, value, step):
+        self.calls.append((tag, value, step))
+
+    def tags(self):
+        return {t for t, _, _ in self.calls}
+
+
+def _cfg(small_cfg, **commander):
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    cfg.env.stop_value = -50.0  # negative returns, as Pong's or Acrobot's: 0.0 would pass
+    cfg.commander.update({"collector_task_space": 2, "eval_every_train_iter": 1, "eval_interval": 0.0,
+                          "confirm_eval_episodes": 0, **commander})
+    return cfg
+
+
+def finished(task, episodes, reward=None, legacy=False, policy_version=3):
+    """A collector's ``finished`` event (decoded fields). ``reward`` None and not ``legacy``: the
+    per-episode fields are absent; ``legacy``: an earlier collector's 0.0 with 0 episodes."""
+    ev = {"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": task["eval_flag"],
+          "buffer_id": task["buffer_id"], "policy_version": policy_version, "real_episode_count": episodes,
+          "step_count": 2824, "avg_time_per_step": 0.001, "ts": 1_700_000_000.0}
+    if reward is not None:
+        ev.update(reward_mean=reward, reward_std=1.5, avg_step_per_episode=100.0, avg_time_per_episode=0.3)
+    elif legacy:
+        ev.update(reward_mean=0.0, reward_std=0.0, avg_step_per_episode=0.0, avg_time_per_episode=0.0)
+    return ev
+
+
+def _eval_task(cm):
+    cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "collector_envstep": 100})
+    task = cm.get_collector_task()
+    while not task["eval_flag"]:  # take the training tasks out of the way
+        cm.finish_collector_task(task["task_id"], finished(task, 4, reward=-90.0))
+        cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "collector_envstep": 100})
+        task = cm.get_collector_task()
+    return task
+
+
+def test_an_eval_that_finished_no_episode_is_never_best_nor_passing(small_cfg):
+    tb = FakeTB()
+    cm = create_commander(_cfg(small_cfg), tb_logger=tb, run_id="r")
+    cm.get_learner_task()
+    real = _eval_task(cm)
+    assert cm.finish_collector_task(real["task_id"], finished(real, 5, reward=-80.0)) is False
+    assert cm.best_eval["reward_mean"] == -80.0
+    for legacy in (False, True):  # absent figures, and an earlier collector's 0.0 with 0 episodes
+        tb.calls.clear()
+        phantom = _eval_task(cm)
+        # 0.0 >= stop_value -50 would have converged the run
+        assert cm.finish_collector_task(phantom["task_id"], finished(phantom, 0, legacy=legacy)) is False
+        assert not cm.end_flag and cm.best_eval["task_id"] == real["task_id"]
+        assert cm.best_eval["reward_mean"] == -80.0
+        last = cm.last_eval
+        assert last["task_id"] == phantom["task_id"] and "reward_mean" not in last and "reward_std" not in last
+        assert cm.summary()["last_eval_reward_mean"] is None
+        # TensorBoard: the eval's episode count and steps, no reward or per-episode figure
+        assert "evaluator_iter/episode_count" in tb.tags()
+        for tag in ("reward_mean", "reward_std", "avg_step_per_episode", "avg_time_per_episode"):
+            assert f"evaluator_iter/{tag}" not in tb.tags() and f"evaluator_step/{tag}" not in tb.tags()
+        assert all(v == v for _, v, _ in tb.calls)  # no NaN scalar either
+
+
+def test_training_tasks_without_episodes_plot_no_reward(small_cfg):
+    """Acrobot: 56 of 56 collector tasks finished no episode; none may plot reward_mean 0.0."""
+    tb = FakeTB()
+    cfg = _cfg(small_cfg, eval_every_train_iter=0)
+    cm = create_commander(cfg, tb_logger=tb, run_id="r")
+    cm.get_learner_task()
+    for legacy in (False, True):
+        task = cm.get_collector_task()
+        cm.finish_collector_task(task["task_id"], finished(task, 0, legacy=legacy))
+    assert {"collector_iter/step_count", "collector_iter/episode_count", "collector_iter/avg_time_per_step"} <= tb.tags()
+    assert not {t for t in tb.tags() if "reward" in t or "per_episode" in t}
+    task = cm.get_collector_task()
+    cm.finish_collector_task(task["task_id"], finished(task, 2, reward=-500.0))
+    assert ("collector_iter/reward_mean", -500.0, 3) in tb.calls
+
+
+def test_a_confirmation_eval_that_finished_no_episode_does_not_converge(small_cfg):
+    cm = create_commander(_cfg(small_cfg, confirm_eval_episodes=20), run_id="r")
+    cm.get_learner_task()
+    passing = _eval_task(cm)
+    assert cm.finish_collector_task(passing["task_id"], finished(passing, 5, reward=-10.0)) is False
+    confirm = cm.get_collector_task()
+    assert confirm["eval_flag"] and confirm["eval_episodes"] == 20
+    assert cm.finish_collector_task(confirm["task_id"], finished(confirm, 0)) is False
+    assert not cm.end_flag and cm.final_eval_task is None
+
+
+def _route(c, ev):
+    c._route(ev)
+    c._persist(c.conn.pipeline(transaction=True)).execute()
+    c._export_best()
+
+
+def test_the_coordinator_records_a_phantom_eval_with_episodes_0_and_no_reward(tmp_path, fake_redis, small_cfg, capsys):
+    c = Coordinator(_cfg(small_cfg), fake_redis, tmp_path, run_name="r1")
+    cm = c.commander
+    cm.get_learner_task()
+    tasks = []
+    for reward, episodes in ((-80.0, 5), (None, 0)):
+        task = _eval_task(cm)
+        c.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+        blobstore.put_versioned(fake_redis, keys.evaluated_policy(c.exp, task["task_id"]),
+                                f"weights of {task['task_id']}".encode(), 3)
+        _route(c, finished(task, episodes, reward=reward))
+        tasks.append(task)
+    real, phantom = tasks
+    lines = [json.loads(ln) for ln in (c.out / "evals.jsonl").read_text().splitlines()]
+    stored = [json.loads(x) for x in fake_redis.lrange(keys.evals(c.exp), 0, -1)]
+    assert lines == stored and [r["task_id"] for r in lines] == [real["task_id"], phantom["task_id"]]
+    assert lines[0]["reward_mean"] == -80.0 and lines[0]["episodes"] == 5
+    assert lines[1]["episodes"] == 0 and "reward_mean" not in lines[1] and "reward_std" not in lines[1]
+    # best.pt is the real eval's weights, never the phantom's
+    assert (c.out / "best.pt").read_bytes() == f"weights of {real['task_id']}".encode()
+    c._finish(2, "max_env_step 1 reached without convergence")
+    summary = json.loads((c.out / "summary.json").read_text())
+    assert summary["last_eval_reward_mean"] is None and summary["best_eval_reward_mean"] == -80.0
+    closing = capsys.readouterr().out
+    assert "last eval      - (stop_value -50.0)" in closing
+    c.tb.close()
+
+
+def test_the_progress_line_shows_no_number_for_a_phantom_eval(small_cfg):
+    p = Progress(-50.0)
+    task = {"task_id": "collector_task_1", "eval_flag": True, "buffer_id": "b"}
+    p.update(finished(task, 5, reward=-80.0))
+    assert "eval  -80.0 / -50" in p.line()
+    for legacy in (False, True):
+        p.update(finished(task, 0, legacy=legacy))
+        assert "eval      - / -50" in p.line()
+    p.from_summary({"envstep": 10, "train_iter": 2, "last_eval_reward_mean": None})
+    assert p.eval is None
+
+
+def test_curve_leaves_out_evals_without_episodes(tmp_path, capsys):
+    run = tmp_path / "pong" / "r1"
+    run.mkdir(parents=True)
+    rows = [{"task_id": "e1", "envstep": 100, "reward_mean": -21.0, "reward_std": 0.0, "episodes": 5, "time": 1.0},
+            {"task_id": "e2", "envstep": 200, "reward_mean": -20.0, "reward_std": 1.0, "episodes": 5, "time": 2.0},
+            # the run's stop cut this eval short: an earlier coordinator wrote 0.0
+            {"task_id": "e3", "envstep": 300, "reward_mean": 0.0, "reward_std": 0.0, "episodes": 0, "time": 3.0},
+            {"task_id": "e4", "envstep": 400, "episodes": 0, "time": 4.0}]
+    (run / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig = curve.build_figure(curve.evals_from_folder(run)[0], 20.0)
+    line = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "eval reward mean"][0]
+    assert line.get_xdata().tolist() == [100, 200] and line.get_ydata().tolist() == [-21.0, -20.0]
+    assert "best -20" in fig._suptitle.get_text() and "2 more finished no episode" in fig._suptitle.get_text()
+    assert curve.main(["--run-dir", str(run), "--out", str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    assert "2 evals, last reward_mean -20 at 200 env steps" in out and "2 more finished no episode" in out
+    # Only evals without a reward: nothing to draw, said so
+    (run / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[2:]))
+    assert curve.main(["--run-dir", str(run), "--out", str(tmp_path / "d.png")]) == 1
+    assert "none of the 2 evals" in capsys.readouterr().err and not (tmp_path / "d.png").exists()
+
+
+def test_status_shows_no_number_as_dash_and_null(fake_redis):
+    ns = "pong/r1"
+    fake_redis.sadd(keys.runs(), ns)
+    fake_redis.hset(keys.commander(ns), mapping=streams.encode_fields(
+        {"envstep": 2824, "train_iter": 7, "last_eval_reward_mean": None, "stop_value": 20.0, "wall_seconds": 3.0}))
+    st = collect_status(fake_redis)
+    assert st["runs"][ns]["summary"]["last_eval_reward_mean"] is None
+    assert "last eval - / stop_value 20.0" in render(st)
+
+
+def test_sweep_curves_skip_phantom_evals_and_the_line_is_labelled(tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    rows = [{"task_id": "e1", "envstep": 100, "reward_mean": -21.0, "episodes": 5},
+            {"task_id": "e2", "envstep": 200, "reward_mean": 0.0, "episodes": 0},
+            {"task_id": "e3", "envstep": 300, "episodes": 0}]
+    (run / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run_curve(run) == [(100.0, -21.0)]
+    a, b = Progress(20.0), Progress(20.0)
+    a.envstep, a.eval = 1234, -20.5
+    b.envstep = 99
+    assert sweep_line({0: a, 1: b}, 12.3) == ("seed 0: 1,234 env steps, eval -20.5 | seed 1: 99 env steps, eval - "
+                                              "(stop_value 20) | 12 s")
