@@ -265,7 +265,7 @@ def _validate(cfg: dict) -> None:
     from common import keys
 
     try:
-        keys.exp_prefix(cfg["exp_name"])
+        keys.check_path_component("exp_name", cfg["exp_name"])
     except ValueError as e:
         raise ConfigError(f"config key 'exp_name': {e}") from None
     positive = {

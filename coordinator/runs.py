@@ -32,10 +32,10 @@ def reserve_run_dir(out_dir: Path, exp_name: str, seed: int, name: Optional[str]
     Raises:
         ValueError: ``name`` is not a valid run name, or its folder exists already.
     """
+    keys.namespace(exp_name, name or "")  # refuse a bad name before any folder is made
     exp_dir = out_dir / exp_name
     exp_dir.mkdir(parents=True, exist_ok=True)
     if name is not None:
-        keys.namespace(exp_name, name)
         try:
             (exp_dir / name).mkdir()
         except FileExistsError:

@@ -207,3 +207,70 @@ def test_sweep_curves_skip_phantom_evals_and_the_line_is_labelled(tmp_path):
     b.envstep = 99
     assert sweep_line({0: a, 1: b}, 12.3) == ("seed 0: 1,234 env steps, eval -20.5 | seed 1: 99 env steps, eval - "
                                               "(stop_value 20) | 12 s")
+
+
+# ---------------------------------------------------------------- item 2: curve reads the run's own record
+
+def test_curve_reads_the_runs_own_folder_and_never_guesses_a_redis(tmp_path, monkeypatch, capsys):
+    """A run folder without evals.jsonl yet (running, or failed before an eval): `rqrl curve --exp`
+    says so and touches no Redis it was not told about (it used to ask 127.0.0.1:6379)."""
+    asked = []
+    monkeypatch.setattr("common.connection.connect", lambda url=None, **kw: asked.append(url))
+    monkeypatch.delenv("RQRL_REDIS_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cp" / "20261130T021500Z-s0").mkdir(parents=True)
+    (tmp_path / "cp" / "latest").symlink_to("20261130T021500Z-s0", target_is_directory=True)
+    assert curve.main(["--exp", "cp"]) == 1
+    err = capsys.readouterr().err
+    assert "20261130T021500Z-s0 has no evals.jsonl yet" in err and "--redis-url" in err
+    assert curve.main(["--exp", "cp/20261130T021500Z-s0"]) == 1
+    assert curve.main(["--exp", "other"]) == 1
+    assert "no run folder other/" in capsys.readouterr().err
+    assert asked == []
+
+
+# ---------------------------------------------------------------- item 3: exp_name is one plain folder name
+
+def test_exp_name_that_is_a_path_is_refused_naming_the_key(small_cfg, tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from common import keys as k
+    from common.config import ConfigError, apply_overrides
+    from coordinator.cli import main as rqrl_main
+
+    for bad in ("../escape", "/tmp/abs", "a/b", ".", ".."):
+        with pytest.raises(ConfigError, match="exp_name"):
+            apply_overrides(small_cfg, [f"exp_name={bad}"])
+        with pytest.raises(ValueError, match="exp_name"):
+            k.namespace(bad, "r1")
+    for bad in ("..", ".", "a/b"):
+        with pytest.raises(ValueError, match="run_name"):
+            k.namespace("cp", bad)
+    assert apply_overrides(small_cfg, ["exp_name=cartpole.v2-a"]).exp_name == "cartpole.v2-a"
+    # The CLI refuses before it creates anything, inside or outside the working folder.
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    cfg_file = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "deploy/configs/cartpole_dqn.py")
+    assert rqrl_main(["train", cfg_file, "--set", "exp_name=../escape"]) == 1
+    assert "config key 'exp_name'" in capsys.readouterr().err
+    assert rqrl_main(["train", cfg_file, "--name", ".."]) == 1
+    assert "config error: --name: run_name '..'" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"] and list(work.iterdir()) == []
+
+
+def test_clean_of_an_experiment_matches_that_experiment_exactly(fake_redis):
+    """`rqrl clean --exp a --yes` deleted the keys of experiment `a/b` too (a nested name an
+    earlier version accepted)."""
+    from coordinator.clean import clean
+
+    mine, nested = "a/20261130T021500Z-s0", "a/b/20261130T021500Z-s0"
+    for ns in (mine, nested):
+        fake_redis.hset(keys.commander(ns), mapping={"envstep": 1})
+        fake_redis.xadd(keys.events(ns), {"type": "started"})
+        fake_redis.sadd(keys.runs(), ns)
+    import io
+    assert clean(fake_redis, "a", yes=True, out=io.StringIO()) == 0
+    assert not fake_redis.exists(keys.commander(mine), keys.events(mine))
+    assert fake_redis.exists(keys.commander(nested), keys.events(nested)) == 2
+    assert fake_redis.smembers(keys.runs()) == {nested.encode()}
