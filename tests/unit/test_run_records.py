@@ -274,3 +274,19 @@ def test_clean_of_an_experiment_matches_that_experiment_exactly(fake_redis):
     assert not fake_redis.exists(keys.commander(mine), keys.events(mine))
     assert fake_redis.exists(keys.commander(nested), keys.events(nested)) == 2
     assert fake_redis.smembers(keys.runs()) == {nested.encode()}
+
+
+# ---------------------------------------------------------------- item 8: --set takes the JSON / YAML spellings
+
+def test_set_accepts_true_false_null_as_users_type_them(small_cfg):
+    from common.config import apply_overrides
+
+    for word, want in (("true", True), ("TRUE", True), ("True", True), ("false", False), ("False", False)):
+        cfg = apply_overrides(small_cfg, [f"policy.other.replay_buffer.priority={word}"])
+        assert cfg.policy.other.replay_buffer.priority is want
+    for word in ("null", "~", "None"):
+        assert apply_overrides(small_cfg, [f"commander.collector_task_space={word}"]).commander.collector_task_space is None
+    cfg = apply_overrides(small_cfg, ["policy.model.hidden_size_list=[64, 64]", "env.env_id=Acrobot-v1",
+                                      'env.env_kwargs={"max_episode_steps": 100}', "policy.learn.learning_rate=1e-3"])
+    assert cfg.policy.model.hidden_size_list == [64, 64] and cfg.env.env_id == "Acrobot-v1"
+    assert cfg.env.env_kwargs == {"max_episode_steps": 100} and cfg.policy.learn.learning_rate == 1e-3
