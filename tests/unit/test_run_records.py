@@ -13,6 +13,7 @@ import copy
 import json
 
 from easydict import EasyDict
+from gymnasium.wrappers import NormalizeObservation
 
 from common import blobstore, keys, streams
 from coordinator import curve
@@ -290,3 +291,31 @@ def test_set_accepts_true_false_null_as_users_type_them(small_cfg):
                                       'env.env_kwargs={"max_episode_steps": 100}', "policy.learn.learning_rate=1e-3"])
     assert cfg.policy.model.hidden_size_list == [64, 64] and cfg.env.env_id == "Acrobot-v1"
     assert cfg.env.env_kwargs == {"max_episode_steps": 100} and cfg.policy.learn.learning_rate == 1e-3
+
+
+# ---------------------------------------------------------------- item 5: stateful env wrappers
+
+def test_stateful_wrappers_are_refused_by_name(small_cfg):
+    """NormalizeObservation's running mean lived in each task's env and never reached final.pt:
+    every task and `rqrl eval` restarted it. Refused at config time, naming the key."""
+    import pytest
+
+    from common import spaces
+    from common.config import ConfigError, apply_overrides
+
+    for type_ in ("gymnasium.wrappers:NormalizeObservation", "gymnasium.wrappers:NormalizeReward",
+                  "gymnasium.wrappers.stateful_observation:NormalizeObservation"):
+        with pytest.raises(ConfigError, match=r"env.wrappers\[0\].type.*running statistics"):
+            apply_overrides(small_cfg, [f'env.wrappers=[{{"type": "{type_}", "kwargs": {{}}}}]'])
+    # Another name for one (a subclass) is found when the env is built (the probe before launch).
+    cfg = apply_overrides(small_cfg, ['env.wrappers=[{"type": "tests.unit.test_run_records:MyNormalizer"}]'])
+    with pytest.raises(spaces.SpaceError, match=r"env.wrappers\[0\].type.*running statistics"):
+        spaces.probe(cfg)
+    # Stateless wrappers are fine.
+    cfg = apply_overrides(small_cfg, ['env.wrappers=[{"type": "gymnasium.wrappers:ClipReward", '
+                                      '"kwargs": {"min_reward": -1, "max_reward": 1}}]'])
+    assert spaces.probe(cfg).action_n == 2
+
+
+class MyNormalizer(NormalizeObservation):
+    """A stateful wrapper under another name (imported by the probe from this module)."""
