@@ -22,10 +22,31 @@ def _load(path: str, overrides: list[str], seed: int | None):
     return apply_overrides(cfg, extra) if extra else cfg
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from coordinator.launcher import Launcher
+def _check_redis(url: str | None, cfg, allow_eviction: bool, collectors: int) -> None:
+    """An existing Redis (``--redis-url``) answers at once and suits a run (noeviction, or
+    ``--allow-eviction``), checked before anything is launched or created (one try, at most 2 s).
 
+    Raises:
+        RedisUnavailable, RedisNotSuitable: naming the redacted URL.
+    """
+    if url is None:
+        return  # a private redis-server: started, and checked, by the launcher
+    from common.connection import connect_checked
+    from common.redis_memory import check_memory_settings
+
+    conn = connect_checked(url, socket_timeout=5, patient=False)
+    try:
+        check_memory_settings(conn, cfg, allow_eviction, collectors)  # raises; the launcher prints warnings
+    finally:
+        conn.close()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """``rqrl train``. Everything checkable from the config, the env's spaces and the URL is checked
+    before any process, folder, ``latest`` link or Redis key is made (a refusal takes ~1-2 s)."""
     cfg = _load(args.config, args.overrides, args.seed)
+    if args.collectors < 1:
+        raise ConfigError("--collectors must be >= 1")
     run_dir = None
     if args.resume:
         if args.name:
@@ -56,11 +77,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise ConfigError("config key 'policy.cuda' is True but this machine has no CUDA device; "
                               "set policy.cuda=False, or 'auto' to use CUDA where it exists")
+    _check_redis(args.redis_url, cfg, args.allow_eviction, args.collectors)
     coord_args = [f"--set={o}" for o in args.overrides]
     if args.seed is not None:
         coord_args += ["--seed", str(args.seed)]
-    if args.collectors < 1:
-        raise ConfigError("--collectors must be >= 1")
     if args.allow_eviction:
         coord_args.append("--allow-eviction")
     if run_dir is not None:
@@ -72,6 +92,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--name: {e}") from None
     print(f"run {cfg.exp_name}/{run_dir.name}{' (resumed)' if args.resume else ''}: files in "
           f"{Path(cfg.exp_name) / run_dir.name}/", file=sys.stderr)
+    from coordinator.launcher import Launcher
+
     return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name).run()
 
 
@@ -83,10 +105,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     cfg = _load(args.config, args.overrides, seeds[0])
-    spaces.check_model(cfg, spaces.probe(cfg))
     collectors = args.collectors if args.collectors is not None else 2 * len(seeds)
     if collectors < 1 or args.eval_episodes < 0:
         raise ConfigError("--collectors must be >= 1 and --eval-episodes >= 0")
+    spaces.check_model(cfg, spaces.probe(cfg))
+    _check_redis(args.redis_url, cfg, args.allow_eviction, collectors)
     coord_args = [f"--set={o}" for o in args.overrides] + (["--allow-eviction"] if args.allow_eviction else [])
     sweep = Sweep(cfg, args.config, args.redis_url, collectors, coord_args, seeds, args.eval_episodes)
     code = sweep.run()

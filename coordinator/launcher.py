@@ -370,9 +370,10 @@ class Launcher:
             print("\n".join(block))
 
     def _teardown(self) -> None:
-        # Workers end their tasks at the stop flag; set it in case the coordinator could not.
+        # Workers end their tasks at the stop flag; set it in case the coordinator could not (only
+        # when a process was started: a launch refused before that leaves no key behind).
         url = getattr(self, "url", None)
-        if url is not None:
+        if url is not None and self.children:
             try:
                 c = connect(url, socket_timeout=2)
                 for ns in self._namespaces():
