@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(ckpt/latest.pth, resume.json, evals.jsonl)")
     ap.add_argument("--allow-eviction", action="store_true",
                     help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
+    ap.add_argument("--started-at", type=float, default=None, metavar="UNIX_SECONDS",
+                    help="where the run's wall clock starts (rqrl train passes its launch time); default: now")
     ap.add_argument("--fresh", action="store_true",
                     help="start a new run even if an unfinished run of this experiment and seed is in Redis "
                          "(default: resume it)")
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh, run_name=args.run_name,
-                           resume=args.resume).run()
+                           resume=args.resume, started_at=args.started_at).run()
     except CoordinatorError as e:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1

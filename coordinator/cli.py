@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from common import spaces
@@ -43,11 +44,13 @@ def _check_redis(url: str | None, cfg, allow_eviction: bool, collectors: int) ->
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``rqrl train``. Everything checkable from the config, the env's spaces and the URL is checked
-    before any process, folder, ``latest`` link or Redis key is made (a refusal takes ~1-2 s)."""
+    before any process, folder, ``latest`` link or Redis key is made (a refusal takes ~1-2 s).
+    The run's clock starts here, at the launch."""
+    started_at = time.time()
     cfg = _load(args.config, args.overrides, args.seed)
     if args.collectors < 1:
         raise ConfigError("--collectors must be >= 1")
-    run_dir = None
+    run_dir, resume = None, None
     if args.resume:
         if args.name:
             raise ConfigError("--resume continues a run under its own name: give --resume or --name, not both")
@@ -61,7 +64,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                               "start a new run instead")
         if not point.is_file():
             raise ConfigError(f"--resume: {point} does not exist: the run saved no learner checkpoint to resume from")
-        seed = int(json.loads(point.read_text())["seed"])
+        resume = json.loads(point.read_text())
+        seed = int(resume["seed"])
         if args.seed is not None and args.seed != seed:
             raise ConfigError(f"--resume: the run was started with seed {seed}, not --seed {args.seed}")
         args.seed = seed
@@ -94,11 +98,14 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"{Path(cfg.exp_name) / run_dir.name}/", file=sys.stderr)
     from coordinator.launcher import Launcher
 
-    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name).run()
+    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name,
+                    started_at=started_at, resume=resume).run()
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from coordinator.sweep import Sweep, parse_seeds
+
+    started_at = time.time()
 
     try:
         seeds = parse_seeds(args.seeds)
@@ -111,7 +118,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spaces.check_model(cfg, spaces.probe(cfg))
     _check_redis(args.redis_url, cfg, args.allow_eviction, collectors)
     coord_args = [f"--set={o}" for o in args.overrides] + (["--allow-eviction"] if args.allow_eviction else [])
-    sweep = Sweep(cfg, args.config, args.redis_url, collectors, coord_args, seeds, args.eval_episodes)
+    sweep = Sweep(cfg, args.config, args.redis_url, collectors, coord_args, seeds, args.eval_episodes,
+                  started_at=started_at)
     code = sweep.run()
     if code > 128:  # interrupted: no table of half-finished runs
         return code

@@ -139,10 +139,13 @@ class Coordinator:
         run_name: the run's name; None picks one (module docstring).
         resume: continue run ``run_name``: from Redis when it is unfinished there, else from its
             run folder (:meth:`_resume_from_folder`).
+        started_at: unix seconds where the run's clock starts (``rqrl train`` passes its launch,
+            so its progress line and summary.json count the same seconds); default now. A run
+            resumed from its folder counts on from its earlier wall seconds.
     """
 
     def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False,
-                 run_name: Optional[str] = None, resume: bool = False) -> None:
+                 run_name: Optional[str] = None, resume: bool = False, started_at: Optional[float] = None) -> None:
         if resume and (fresh or not run_name):
             raise CoordinatorError("resuming needs the run's name and excludes --fresh")
         self.cfg = cfg
@@ -166,7 +169,7 @@ class Coordinator:
         self._signal: Optional[int] = None
         self.learner_final: dict[str, Any] = {}  # the learner's closing figures, for summary.json
         self.learner_last = {"train_iter": 0, "envstep": 0}  # its train_iter and env steps when it finished
-        self._t0 = time.time()
+        self._t0 = time.time() if started_at is None else float(started_at)
         self._next_liveness = 0.0
         self._next_summary = 0.0
         # Failures in a row per task kind: collectors that keep finishing must not hide a learner
@@ -325,7 +328,7 @@ class Coordinator:
         path, ckpt = self._resume_files()
         point = json.loads(path.read_text())
         state, version, consumed = point["commander"], int(point["ckpt_train_iter"]), int(point["consumed_env_steps"])
-        t0 = time.time() - float(point["wall_seconds"])
+        t0 = self._t0 - float(point["wall_seconds"])  # the pause is not counted
         shift = t0 - float(point["t0"])  # eval times move with the clock, so eval_interval counts run time
         for ev in state["evaluator_info"]:
             ev["time"] = float(ev.get("time", point["t0"])) + shift
@@ -863,6 +866,8 @@ class Coordinator:
         A converged run exports exactly the weights its passing (and confirming) eval played.
         Otherwise the learner's ``final_model`` checkpoint is copied byte for byte (no torch
         import here), or, if the learner never finished, the last published policy version.
+        Weights of policy version 0 (the learner never trained: a run that failed at its start)
+        are untrained and never exported.
         """
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "final.pt"
@@ -873,14 +878,16 @@ class Coordinator:
             self._at_stop["final_policy_version"] = int(got[0]["version"])
             return path
         got = blobstore.get_versioned(self.conn, keys.ckpt(self.exp, "final_model"))
-        if got is not None:
+        if got is not None and int(got[0]["version"]) > 0:
             path.write_bytes(got[1])
             self._at_stop["final_policy_version"] = int(got[0]["version"])
             return path
         policy_id = self._at_stop.get("policy_id", "")
         got = blobstore.get_versioned(self.conn, keys.policy(self.exp, policy_id)) if policy_id else None
-        if got is None:
-            self.log.warning("no evaluated policy, final checkpoint or published policy to export")
+        if got is None or int(got[0]["version"]) == 0:
+            self.log.warning("no final.pt: %s", "the learner never trained (policy version 0): its weights are "
+                             "untrained" if got is not None else "no evaluated policy, final checkpoint or published "
+                             "policy to export")
             return None
         from common import spaces
         from common.policy import export

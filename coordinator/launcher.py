@@ -119,14 +119,29 @@ def _raise_interrupt(signum: int, _frame: Any) -> None:
 
 
 class Progress:
-    """One progress line: env steps, train iterations, last eval reward vs stop_value, elapsed."""
+    """One progress line: env steps, train iterations, last eval reward vs stop_value, and the
+    run's wall seconds.
 
-    def __init__(self, stop_value: float) -> None:
+    Args:
+        stop_value: the config's ``env.stop_value``.
+        t0: unix seconds where the run's clock starts (the launch, less a resumed run's earlier
+            wall seconds: the coordinator's clock, so the line and summary.json agree); default now.
+        resume: a resumed run's ``resume.json`` (coordinator/daemon.py): the line starts at its
+            env steps, train iteration and last eval instead of 0.
+    """
+
+    def __init__(self, stop_value: float, t0: Optional[float] = None, resume: Optional[dict[str, Any]] = None) -> None:
         self.stop_value = stop_value
         self.envstep = 0
         self.train_iter = 0
         self.eval: Optional[float] = None
-        self.t0 = time.time()
+        self.t0 = time.time() if t0 is None else t0
+        if resume:
+            state = resume.get("commander") or {}
+            self.envstep = max(int(state.get("total_collector_env_step") or 0), int(resume.get("consumed_env_steps") or 0))
+            self.train_iter = int(resume.get("ckpt_train_iter") or 0)
+            evals = state.get("evaluator_info") or []
+            self.eval = events.episode_figure(evals[-1], "reward_mean") if evals else None
         self.tty = sys.stderr.isatty()
         self._last_print = 0.0
 
@@ -173,10 +188,13 @@ class Launcher:
         coordinator_args: extra arguments for ``python -m coordinator`` (``--seed``, ``--set``).
         out_dir: where the run folder ``{exp_name}/{run_name}/`` is.
         run_name: the run's name (its folder exists: coordinator/runs.py reserves it).
+        started_at: unix seconds of the launch, where the run's clock starts (default now).
+        resume: the run's ``resume.json`` when it is resumed from its folder (``--resume``).
     """
 
     def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
-                 coordinator_args: list[str], run_name: str, out_dir: str = ".") -> None:
+                 coordinator_args: list[str], run_name: str, out_dir: str = ".", started_at: Optional[float] = None,
+                 resume: Optional[dict[str, Any]] = None) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.redis_url = redis_url
@@ -189,6 +207,8 @@ class Launcher:
         self.log_dir = self.run_dir / "log"
         self.children: dict[str, _Child] = {}
         self.embedded: Optional[EmbeddedRedis] = None
+        self.started_at = time.time() if started_at is None else started_at
+        self.resume = resume
 
     def _fork(self, name: str, main: Callable[[list[str]], int], argv: list[str], env: dict[str, str],
               path: list[str]) -> None:
@@ -295,14 +315,16 @@ class Launcher:
         config_path = str(Path(self.config_path).resolve())
         # The coordinator needs neither torch nor RQ's CLI: it starts while they import here.
         self._fork("coordinator", _coordinator_main, [config_path, "--out-dir", ".", "--run-name", self.run_name,
-                                                      *self.coordinator_args], env, extra)
+                                                      "--started-at", repr(self.started_at), *self.coordinator_args],
+                   env, extra)
         # One learner worker per rank of the learner group (policy.learn.learner_num).
         self._start_workers(env, extra, int(self.cfg.policy.learn.get("learner_num", 1)), "")
         print(f"logs in {self.log_dir}/ ; watch with: rqrl status --redis-url {redact(url)}", file=sys.stderr)
         return self._follow(conn)
 
     def _follow(self, conn: redis.Redis) -> int:
-        progress = Progress(float(self.cfg.env.stop_value))
+        prior = float(self.resume.get("wall_seconds") or 0.0) if self.resume else 0.0
+        progress = Progress(float(self.cfg.env.stop_value), t0=self.started_at - prior, resume=self.resume)
         stream = keys.events(self.ns)
         last_id = b"0"
         t0 = time.time()

@@ -204,10 +204,12 @@ class Sweep(Launcher):
     """
 
     def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
-                 coordinator_args: list[str], seeds: list[int], eval_episodes: int = 20, out_dir: str = ".") -> None:
+                 coordinator_args: list[str], seeds: list[int], eval_episodes: int = 20, out_dir: str = ".",
+                 started_at: Optional[float] = None) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         self.sweep_dir = runs.reserve_free_dir(Path(out_dir) / cfg.exp_name, f"sweep-{stamp}")
-        super().__init__(cfg, config_path, redis_url, collectors, coordinator_args, self.sweep_dir.name, out_dir)
+        super().__init__(cfg, config_path, redis_url, collectors, coordinator_args, self.sweep_dir.name, out_dir,
+                         started_at=started_at)
         self.log_dir = self.sweep_dir / "log"  # the fleet's and the coordinators' output
         self.seeds = seeds
         self.share = max(1, collectors // len(seeds))
@@ -223,7 +225,8 @@ class Sweep(Launcher):
         config_path = str(Path(self.config_path).resolve())
         for s, run_name in self.run_names.items():
             self._fork(f"coordinator-s{s}", _coordinator_main,
-                       [config_path, "--out-dir", ".", "--run-name", run_name, "--seed", str(s), *self.coordinator_args,
+                       [config_path, "--out-dir", ".", "--run-name", run_name, "--seed", str(s),
+                        "--started-at", repr(self.started_at), *self.coordinator_args,
                         f"--set=commander.collector_task_space={self.share}"], env, extra)
         # One learner worker per run (each run's learner task).
         self._start_workers(env, extra, len(self.seeds), "sweep-")

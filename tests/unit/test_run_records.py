@@ -319,3 +319,95 @@ def test_stateful_wrappers_are_refused_by_name(small_cfg):
 
 class MyNormalizer(NormalizeObservation):
     """A stateful wrapper under another name (imported by the probe from this module)."""
+
+
+# ---------------------------------------------------------------- item 7: clocks and counters
+
+def test_the_progress_clock_and_counters_start_where_the_run_is(small_cfg, tmp_path):
+    """The line counts the run's seconds from the launch (as summary.json), and a resumed run's
+    line starts at its env steps, train iteration and last eval, not at 0."""
+    import time as _t
+
+    launch = _t.time() - 30.0
+    point = {"wall_seconds": 100.0, "ckpt_train_iter": 500, "consumed_env_steps": 4000,
+             "commander": {"total_collector_env_step": 4200, "evaluator_info": [
+                 {"task_id": "e1", "reward_mean": 150.0, "episodes": 5}]}}
+    p = Progress(195.0, t0=launch - point["wall_seconds"], resume=point)
+    assert (p.envstep, p.train_iter, p.eval) == (4200, 500, 150.0)
+    line = p.line()
+    assert "env steps    4,200 | train iter     500 | eval  150.0 / 195" in line
+    assert 129.0 <= float(line.rsplit("|", 1)[1].split()[0]) <= 140.0  # 100 s before + 30 s since the launch
+    c = Coordinator(_cfg(small_cfg), fakeredis_conn(), tmp_path, run_name="clock", started_at=launch)
+    try:
+        assert 29.0 <= c._write_summary()["wall_seconds"] <= 40.0
+    finally:
+        c.tb.close()
+
+
+def fakeredis_conn():
+    import fakeredis
+
+    return fakeredis.FakeRedis()
+
+
+def test_a_resumed_runs_curve_counts_no_pause(tmp_path, small_cfg):
+    """Evals record the run's wall clock: after a resume from the folder the pause is not counted,
+    so `rqrl curve` of the folder draws what the run's own curve.png does (it drew the pause)."""
+    import time as _t
+
+    now = _t.time()
+    first = Coordinator(_cfg(small_cfg), fakeredis_conn(), tmp_path, run_name="r1", started_at=now - 100.0)
+    first._claim()
+    cm = first.commander
+    cm.get_learner_task()
+    task = _eval_task(cm)
+    first.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    _route(first, dict(finished(task, 5, reward=-90.0), ts=now - 3600.0))  # played an hour ago, at 100 s of run time
+    blobstore.put_versioned(first.conn, keys.ckpt(first.exp, "latest"), b"ckpt", 7)
+    first._save_resume_point()
+    first.tb.close()
+    first.lock.release()
+    # An hour later, the private Redis gone: --resume from the folder.
+    second = Coordinator(_cfg(small_cfg), fakeredis_conn(), tmp_path, run_name="r1", resume=True, started_at=now)
+    second._claim()
+    cm = second.commander
+    task = _eval_task(cm)
+    second.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    _route(second, dict(finished(task, 5, reward=-70.0), ts=now))
+    second.tb.close()
+    walls = [json.loads(ln)["wall_seconds"] for ln in (tmp_path / "test_exp" / "r1" / "evals.jsonl").read_text().splitlines()]
+    assert 99.0 <= walls[0] <= 110.0 and 99.0 <= walls[1] <= 110.0  # not 3,700: no pause counted
+    fig = curve.build_figure(curve.evals_from_folder(tmp_path / "test_exp" / "r1")[0], -50.0)
+    wall_axis = fig.axes[1]
+    xs = [ln for ln in wall_axis.get_lines() if ln.get_label() == "eval reward mean"][0].get_xdata().tolist()
+    assert xs == walls and wall_axis.get_xlabel() == "wall time since start (s)"
+
+
+def test_status_of_a_finished_run_lists_no_tasks(fake_redis):
+    ns = "cp/r1"
+    fake_redis.sadd(keys.runs(), ns)
+    fake_redis.hset(keys.commander(ns), mapping={"envstep": 100})
+    fake_redis.hset(keys.tasks(ns), mapping={"collector_task_1": json.dumps({"kind": "collector", "started": True})})
+    fake_redis.set(keys.stop(ns), "converged")  # its coordinator is gone: no keys.coordinator_alive
+    st = collect_status(fake_redis)
+    assert st["runs"][ns]["tasks_alive"] == [] and "heartbeat ttl" not in render(st)
+    fake_redis.set(keys.coordinator_alive(ns), "coordinator-1")  # still wrapping up: its tasks show
+    assert [t["task_id"] for t in collect_status(fake_redis)["runs"][ns]["tasks_alive"]] == ["collector_task_1"]
+
+
+def test_a_run_that_never_trained_exports_no_final_pt(tmp_path, fake_redis, small_cfg, capsys):
+    c = Coordinator(_cfg(small_cfg), fake_redis, tmp_path, run_name="r0")
+    lt = c.commander.get_learner_task()
+    blobstore.put_versioned(fake_redis, keys.ckpt(c.exp, "final_model"), b"untrained bundle", 0)
+    blobstore.put_versioned(fake_redis, keys.policy(c.exp, lt["policy_id"]), b"untrained weights", 0)
+    c._finish(1, "10 tasks failed in a row")
+    assert not (c.out / "final.pt").exists()
+    assert json.loads((c.out / "summary.json").read_text())["final_pt"] == ""
+    assert "final policy   not saved" in capsys.readouterr().out
+    c.tb.close()
+    # One train iteration later the learner's final checkpoint is exported.
+    c = Coordinator(_cfg(small_cfg), fake_redis, tmp_path, run_name="r1")
+    blobstore.put_versioned(fake_redis, keys.ckpt(c.exp, "final_model"), b"trained bundle", 1)
+    c._finish(2, "max_train_iter 1 reached")
+    assert (c.out / "final.pt").read_bytes() == b"trained bundle"
+    c.tb.close()
