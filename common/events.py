@@ -17,7 +17,9 @@ import redis
 
 from common import keys, streams
 
-EVENT_TYPES = ("started", "finished", "failed", "learner_info")
+# "scalars" and "log" carry a task's TensorBoard scalars and log lines to the coordinator's run
+# folder (common/logs.py): a learner on another machine writes nothing on its own disk.
+EVENT_TYPES = ("started", "finished", "failed", "learner_info", "scalars", "log")
 
 # Fields of a collector's ``finished`` event that are per-episode figures: a task that finished
 # no episode (``real_episode_count`` 0) has none of them, and sends none.

@@ -58,7 +58,7 @@ from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
-from coordinator.runs import link_latest, new_run_name, run_unfinished
+from coordinator.runs import link_latest, link_tensorboard, new_run_name, run_unfinished
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -96,6 +96,31 @@ def eval_record(ev: dict[str, Any], run_id: str, envstep: int, wall_seconds: flo
     if reward is not None:
         rec.update(reward_mean=reward, reward_std=events.episode_figure(ev, "reward_std") or 0.0)
     return rec
+
+
+def write_shipped_log(run_dir: Path, ev: dict[str, Any]) -> None:
+    """Append a task's shipped log lines (a ``log`` event, common/logs.py) to the run folder's
+    ``log/{name}/{name}.txt``, where a learner started in the run folder used to write them.
+
+    Raises:
+        ValueError: ``name`` is not one plain file name.
+    """
+    name = keys.check_path_component("log name", str(ev.get("name", "")))
+    folder = run_dir / "log" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.txt", "a") as f:
+        f.write(str(ev.get("lines", "")) + "\n")
+
+
+def write_shipped_scalars(tb: Any, ev: dict[str, Any]) -> None:
+    """Hand a task's shipped TensorBoard scalars (a ``scalars`` event: a JSON list of
+    ``[tag, value, step, walltime]``) to the run's writer, with their own wall times.
+
+    Raises:
+        ValueError: the field is not such a list.
+    """
+    for tag, value, step, walltime in json.loads(ev["scalars"]):
+        tb.add_scalar(str(tag), float(value), int(step), walltime=float(walltime))
 
 
 def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
@@ -160,8 +185,9 @@ class Coordinator:
         self.lock = Lock(conn, keys.coordinator_alive(self.exp), timeout=_ALIVE_TTL_S, thread_local=False)
         self.run_id = uuid.uuid4().hex[:12]
         self.log = build_logger(self.out / "log" / "commander", "coordinator", console=True)
-        # Scalars are queued by the loop and written by a thread (coordinator/offload.py).
-        self.tb = DeferredScalars(build_tb_writer(self.out / "log" / "commander"))
+        # The run's one TensorBoard event file: the commander's scalars and those the tasks ship
+        # (common/logs.py), queued by the loop and written by a thread (coordinator/offload.py).
+        self.tb = DeferredScalars(build_tb_writer(self.out / "tensorboard"))
         self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id,
                                                          run_name=self.run_name)
         self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
@@ -228,6 +254,7 @@ class Coordinator:
         run = self.conn.get(keys.run(self.exp))
         self.out.mkdir(parents=True, exist_ok=True)
         link_latest(self.out.parent, self.run_name)
+        link_tensorboard(self.out.parent, self.run_name)
         if state_raw and run and not self.conn.exists(keys.stop(self.exp)) and not self.fresh:
             self._resume(json.loads(state_raw))
             return
@@ -571,6 +598,10 @@ class Coordinator:
         elif etype == "learner_info":
             self.commander.update_learner_info(tid, ev)
             self._failures_in_a_row["learner"] = 0  # it trains
+        elif etype == "scalars":
+            write_shipped_scalars(self.tb, ev)
+        elif etype == "log":
+            write_shipped_log(self.out, ev)
         elif etype == "finished":
             del self.running[tid]
             self._dirty.add(tid)

@@ -50,7 +50,8 @@ def test_sweep_of_two_seeds_on_one_redis_and_fleet(tmp_path, real_redis, redis_s
         assert any(t.startswith("learner") for t in ids["started"]) and any(t.startswith("collector") for t in ids["started"])
         for name in ("final.pt", "evals.jsonl", "curve.png", "log/commander/coordinator.txt", "log/learner/learner.txt"):
             assert (r / name).is_file(), (r, name)
-        assert list((r / "log" / "commander").glob("events.out.tfevents.*")), "no TensorBoard events in the run folder"
+        assert list((r / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events in the run folder"
+        assert (tmp_path / exp / "tensorboard" / r.name).resolve() == (r / "tensorboard").resolve()
         # Each run's evals are its own (one run id), and its env-step counter counts only its own chunks.
         evals = [json.loads(x) for x in (r / "evals.jsonl").read_text().splitlines()]
         assert evals and {e["run_id"] for e in evals} == {s["run_id"]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 from easydict import EasyDict
 from gymnasium.wrappers import NormalizeObservation
@@ -18,7 +19,7 @@ from gymnasium.wrappers import NormalizeObservation
 from common import blobstore, keys, streams
 from coordinator import curve
 from coordinator.commander import create_commander
-from coordinator.daemon import Coordinator
+from coordinator.daemon import Coordinator, write_shipped_log
 from coordinator.launcher import Progress
 from coordinator.status import collect_status, render
 from coordinator.sweep import run_curve, sweep_line
@@ -411,3 +412,45 @@ def test_a_run_that_never_trained_exports_no_final_pt(tmp_path, fake_redis, smal
     c._finish(2, "max_train_iter 1 reached")
     assert (c.out / "final.pt").read_bytes() == b"trained bundle"
     c.tb.close()
+
+
+def test_a_tasks_log_lines_and_scalars_reach_the_run_folder_as_one_tensorboard_run(tmp_path, fake_redis, small_cfg):
+    """A learner on another machine (any cwd) ships its lines and scalars through Redis; the
+    coordinator writes them into its run folder, the scalars beside its own in one event file,
+    and TensorBoard pointed at ./EXP/tensorboard finds that run once (not again via `latest`)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.io_wrapper import GetLogdirSubdirectories
+
+    from common.logs import ShippedScalars, close_logger, shipped_logger
+
+    c = Coordinator(_cfg(small_cfg), fake_redis, tmp_path, run_name="r1")
+    c._claim()
+    learner = c.commander.get_learner_task()
+    c.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
+    log = shipped_logger(fake_redis, c.exp, learner["task_id"], "learner", "learner")
+    log.info("iter 100: total_loss=0.5")
+    log.warning("checkpoint latest saved")
+    scalars = ShippedScalars(fake_redis, c.exp, learner["task_id"], "learner")
+    scalars.add_scalar("learner_iter/total_loss", 0.5, 100, walltime=1_700_000_000.0)
+    scalars.add_scalar("learner_step/total_loss", 0.5, 2000, walltime=1_700_000_000.0)
+    scalars.close()
+    close_logger(log)
+    assert not log.handlers
+    while c._process_events(block_ms=1):
+        pass
+    c.tb.close()
+    text = (c.out / "log" / "learner" / "learner.txt").read_text()
+    assert "iter 100: total_loss=0.5" in text and "WARNING" in text and "checkpoint latest saved" in text
+    acc = EventAccumulator(str(c.out / "tensorboard")).Reload()
+    (event,) = acc.Scalars("learner_iter/total_loss")
+    assert (event.step, event.value, event.wall_time) == (100, 0.5, 1_700_000_000.0)
+    assert acc.Scalars("learner_step/total_loss")[0].step == 2000
+    exp_dir = tmp_path / "test_exp"
+    assert (exp_dir / "latest").is_symlink()
+    assert [Path(d).resolve() for d in GetLogdirSubdirectories(str(exp_dir / "tensorboard"))] == [
+        (c.out / "tensorboard").resolve()]
+    # A bad log name never writes outside the run folder.
+    import pytest as _pytest
+
+    with _pytest.raises(ValueError):
+        write_shipped_log(c.out, {"name": "../../escape", "lines": "x"})
