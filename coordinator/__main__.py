@@ -10,7 +10,8 @@ from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable, connect_checked
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m coordinator``."""
     ap = argparse.ArgumentParser(prog="python -m coordinator", description="Run an rqrl coordinator daemon.")
     ap.add_argument("config", help="DI-engine style config file defining main_config (and create_config)")
     ap.add_argument("--redis-url", default=None, help="redis://[user:pass@]host:port/db, rediss:// or unix:// "
@@ -34,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true",
                     help="start a new run even if an unfinished run of this experiment and seed is in Redis "
                          "(default: resume it)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         cfg = load_config(args.config)
         overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])

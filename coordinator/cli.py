@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import spaces
+from common import keys, spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
@@ -50,6 +50,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args.config, args.overrides, args.seed)
     if args.collectors < 1:
         raise ConfigError("--collectors must be >= 1")
+    if args.name is not None:
+        try:
+            keys.namespace(cfg.exp_name, args.name)
+        except ValueError as e:
+            raise ConfigError(f"--name: {e}") from None
+        if (Path(cfg.exp_name) / args.name).exists():
+            raise ConfigError(f"--name: run folder {Path(cfg.exp_name) / args.name} exists already: choose another "
+                              "--name, or continue that run with --resume")
     run_dir, resume = None, None
     if args.resume:
         if args.name:
@@ -82,6 +90,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError("config key 'policy.cuda' is True but this machine has no CUDA device; "
                               "set policy.cuda=False, or 'auto' to use CUDA where it exists")
     _check_redis(args.redis_url, cfg, args.allow_eviction, args.collectors)
+    if args.dry_run:
+        what = f"resume run {run_dir}" if run_dir is not None else f"start a run in ./{cfg.exp_name}/"
+        print(f"dry run: config, env spaces{' and Redis' if args.redis_url else ''} checked; would {what} with "
+              f"{args.collectors} collector workers (nothing launched, nothing created)")
+        return 0
     coord_args = [f"--set={o}" for o in args.overrides]
     if args.seed is not None:
         coord_args += ["--seed", str(args.seed)]
@@ -117,6 +130,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError("--collectors must be >= 1 and --eval-episodes >= 0")
     spaces.check_model(cfg, spaces.probe(cfg))
     _check_redis(args.redis_url, cfg, args.allow_eviction, collectors)
+    if args.dry_run:
+        print(f"dry run: config, env spaces{' and Redis' if args.redis_url else ''} checked; would run seeds {seeds} "
+              f"with {collectors} collector tasks in ./{cfg.exp_name}/ (nothing launched, nothing created)")
+        return 0
     coord_args = [f"--set={o}" for o in args.overrides] + (["--allow-eviction"] if args.allow_eviction else [])
     sweep = Sweep(cfg, args.config, args.redis_url, collectors, coord_args, seeds, args.eval_episodes,
                   started_at=started_at)
@@ -194,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set policy.learn.batch_size=128")
+    t.add_argument("--dry-run", action="store_true",
+                   help="check the config, the env's spaces and --redis-url as a launch would, then exit "
+                        "(0: it would start) without starting or creating anything")
     t.set_defaults(func=cmd_train)
 
     w = sub.add_parser("sweep", help="the seeds of one config as concurrent runs on one Redis and worker fleet; "
@@ -210,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     w.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key in every run, e.g. --set env.stop_value=150")
+    w.add_argument("--dry-run", action="store_true",
+                   help="check the config, the env's spaces and --redis-url, then exit without starting anything")
     w.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("status", help="queues, workers, tasks, throughput and last eval, read from Redis")
