@@ -43,6 +43,11 @@ def _check(name: str, value: str) -> str:
     return value
 
 
+# Names in an experiment folder that are not runs: ./{exp_name}/latest (the newest run) and
+# ./{exp_name}/tensorboard/ (links to every run's TensorBoard events).
+RESERVED_RUN_NAMES = ("latest", "tensorboard")
+
+
 def check_path_component(name: str, value: str) -> str:
     """``value`` as one plain folder name below the working folder, or ValueError naming ``name``.
 
@@ -70,6 +75,9 @@ def namespace(exp_name: str, run_name: str = "") -> str:
     check_path_component("exp_name", exp_name)
     if not run_name:
         return exp_name
+    if run_name in RESERVED_RUN_NAMES:
+        raise ValueError(f"run_name {run_name!r} is taken by the experiment folder's own "
+                         f"{'link to the newest run' if run_name == 'latest' else 'TensorBoard links'}")
     return f"{exp_name}/{check_path_component('run_name', run_name)}"
 
 

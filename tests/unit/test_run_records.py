@@ -245,7 +245,7 @@ def test_exp_name_that_is_a_path_is_refused_naming_the_key(small_cfg, tmp_path, 
             apply_overrides(small_cfg, [f"exp_name={bad}"])
         with pytest.raises(ValueError, match="exp_name"):
             k.namespace(bad, "r1")
-    for bad in ("..", ".", "a/b"):
+    for bad in ("..", ".", "a/b", "latest", "tensorboard"):
         with pytest.raises(ValueError, match="run_name"):
             k.namespace("cp", bad)
     assert apply_overrides(small_cfg, ["exp_name=cartpole.v2-a"]).exp_name == "cartpole.v2-a"
