@@ -119,3 +119,53 @@ def make(env_cfg: Any, train: bool, **extra: Any) -> Any:
     for wrap in wrappers(env_cfg, train):
         env = wrap(env)
     return env
+
+
+def max_episode_steps(env_cfg: Any) -> int | None:
+    """Env steps after which the env itself ends an episode: ``env.env_kwargs.max_episode_steps``
+    or the id's registered TimeLimit; for ``env.preset="atari"`` ALE's frame limit
+    (``max_num_frames_per_episode``, 108,000 frames in v5) over ``env.atari.frame_skip``.
+    None when nothing bounds an episode.
+
+    Raises:
+        EnvConfigError: see :func:`import_preset`.
+        gymnasium.error.Error: an unknown env id.
+    """
+    import gymnasium as gym
+
+    import_preset(env_cfg)
+    kwargs = dict(env_cfg.get("env_kwargs") or {})
+    spec = gym.spec(env_cfg.env_id)
+    if kwargs.get("max_episode_steps"):
+        return int(kwargs["max_episode_steps"])
+    if env_cfg.get("preset") == "atari":
+        frames = kwargs.get("max_num_frames_per_episode", spec.kwargs.get("max_num_frames_per_episode"))
+        if frames:
+            return -(-int(frames) // int(env_cfg.atari.frame_skip))
+    return int(spec.max_episode_steps) if spec.max_episode_steps else None
+
+
+def cut_warnings(cfg: Any) -> tuple[list[str], list[str]]:
+    """What in ``cfg`` would end episodes before the env does (``rqrl config show`` prints these).
+
+    Returns:
+        ``(warnings, notes)``: warnings apply to every run of the config (an eval's env-step cap
+        below its episodes' length); notes only on a stock forking ``rq worker collector``, which
+        rebuilds envs at every task (workers/live_envs.py), so tasks shorter than an episode cut it.
+    """
+    longest = max_episode_steps(cfg.env)
+    warnings: list[str] = []
+    notes: list[str] = []
+    cap = int(cfg.policy.eval.evaluator.max_env_steps)
+    episodes = max(int(cfg.env.n_evaluator_episode), int(cfg.commander.confirm_eval_episodes))
+    if cap and (longest is None or cap < episodes * longest):
+        need = "unbounded episodes" if longest is None else f"{episodes} episodes of up to {longest:,} env steps"
+        warnings.append(f"config key 'policy.eval.evaluator.max_env_steps' = {cap:,} can cut evals short: an eval plays "
+                        f"{need} (env.n_evaluator_episode, commander.confirm_eval_episodes)")
+    per_env = int(cfg.policy.collect.collector.task_env_steps) // int(cfg.env.collector_env_num)
+    if longest is None or per_env < longest:
+        notes.append(f"on a stock forking `rq worker collector` (no env cache) every task ends its episodes after "
+                     f"{per_env:,} env steps per env (policy.collect.collector.task_env_steps / env.collector_env_num)"
+                     + ("" if longest is None else f", shorter than the env's {longest:,}")
+                     + "; `-w workers.worker.CollectorWorker` (what rqrl train runs) keeps envs between tasks")
+    return warnings, notes

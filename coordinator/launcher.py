@@ -38,7 +38,9 @@ from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
 from common.redis_memory import check_memory_settings
 
-_WORKER_CLASS = "workers.worker.PreloadWorker"
+# The learner runs in a forked work-horse (PreloadWorker); collectors in the worker process
+# itself, which keeps each run's envs between tasks (CollectorWorker, workers/worker.py).
+_WORKER_CLASS = {keys.LEARNER_QUEUE: "workers.worker.PreloadWorker", keys.COLLECTOR_QUEUE: "workers.worker.CollectorWorker"}
 
 
 class _Child:
@@ -279,15 +281,15 @@ class Launcher:
         """Import torch, gymnasium, the job modules and RQ's CLI here once, then fork ``learners``
         learner workers and the collector workers (one more than collector tasks: the coordinator
         keeps it free, so an eval starts at once), named ``{exp_name}-{tag}{role}{i}-{pid}``."""
-        importlib.import_module(_WORKER_CLASS.rpartition(".")[0])
+        importlib.import_module(_WORKER_CLASS[keys.LEARNER_QUEUE].rpartition(".")[0])
         importlib.import_module("rq.cli")
         stamp = f"{os.getpid()}"
         for i in range(learners):
             name = "learner" if i == 0 else f"learner{i}"
-            self._fork(name, _rq_worker_main, [keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
+            self._fork(name, _rq_worker_main, [keys.LEARNER_QUEUE, "-w", _WORKER_CLASS[keys.LEARNER_QUEUE],
                                                "--name", f"{self.cfg.exp_name}-{tag}{name}-{stamp}"], env, path)
         for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
-            self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
+            self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS[keys.COLLECTOR_QUEUE],
                                                           "--name", f"{self.cfg.exp_name}-{tag}collector{i}-{stamp}"],
                        env, path)
 

@@ -26,8 +26,9 @@ main_config = dict(
         model=dict(hidden_size_list=[512], dueling=True),
         learn=dict(batch_size=32, learning_rate=1e-4, target_update_freq=500, train_iter_per_env_step=0.25,
                    max_env_step_lead=2048),
-        collect=dict(n_sample=128, collector=dict(task_env_steps=4096)),
-        eval=dict(evaluator=dict(max_episode_seconds=300.0)),
+        collect=dict(n_sample=128),
+        # No env-step cap of our own: ALE's 108,000-frame limit (27,000 env steps) ends every eval episode.
+        eval=dict(evaluator=dict(max_episode_seconds=300.0, max_env_steps=0)),
         other=dict(
             eps=dict(type="exp", start=1.0, end=0.05, decay=250_000),
             replay_buffer=dict(replay_buffer_size=100_000, replay_start_size=2000),

@@ -17,6 +17,7 @@ from common.config import compile_config
 from common.policy import create_policy
 from common.spaces import SpaceError, SpaceSpec
 from tests.conftest import REPO
+from tests.fakes import FakeComm
 
 SHIFTED_ID = "RqrlTestShiftedActions-v0"
 IMAGE_ID = "RqrlTestImageObs-v0"
@@ -322,38 +323,6 @@ def test_rqrl_train_refuses_wrong_action_shape_before_launching(monkeypatch, cap
 
 
 # ---------------------------------------------------------------- a collector task on every space
-
-class FakeComm:
-    """What workers/collector.py calls on RedisCommCollector, in memory: one published version, kept."""
-
-    def __init__(self, weights) -> None:
-        self.weights, self.sent, self.meta = weights, [], []
-        self.policy_version, self.policy_published_at, self.stop_flag, self.limiter_wait_s = 0, 0.0, False, 0.0
-        self.policy_envstep = 0  # env steps counted when the held version was published
-
-    def wait_for_policy(self, timeout):
-        pass
-
-    def get_policy_update_info(self):
-        return self.weights
-
-    def poll_stop(self):
-        return False
-
-    def send_stepdata(self, data_id, arrays, codec="none"):
-        assert codec == "none"  # flat observations are not compressed by default
-        self.sent.append(arrays)
-        return 1
-
-    def send_metadata(self, meta):
-        self.meta.append(meta)
-
-    def flush(self):
-        return False
-
-    def wait_for_policy_update(self, timeout):
-        return False
-
 
 @pytest.mark.parametrize("env_id,algo", [("Pendulum-v1", "ppo"), ("MountainCarContinuous-v0", "ppo"), ("Acrobot-v1", "dqn"),
                                          ("FrozenLake-v1", "dqn"), ("Taxi-v4", "ppo"), ("CliffWalking-v1", "dqn"),
