@@ -43,6 +43,11 @@ from common.redis_memory import check_memory_settings
 _WORKER_CLASS = {keys.LEARNER_QUEUE: "workers.worker.PreloadWorker", keys.COLLECTOR_QUEUE: "workers.worker.CollectorWorker"}
 
 
+# A collector worker that dies (it runs its tasks, and their envs, in its own process) is forked
+# again, as a supervisor would, at most this many times per worker.
+_MAX_RESTARTS = 5
+
+
 class _Child:
     """A forked child process, with the part of ``subprocess.Popen``'s interface the launcher uses.
 
@@ -191,12 +196,15 @@ class Launcher:
         self.run_dir = self.out_dir / self.ns
         self.log_dir = self.run_dir / "log"
         self.children: dict[str, _Child] = {}
+        self._spawn: dict[str, tuple[Any, ...]] = {}  # name -> what _fork was given, to start it again
+        self.restarts: dict[str, int] = {}
         self.embedded: Optional[EmbeddedRedis] = None
 
     def _fork(self, name: str, main: Callable[[list[str]], int], argv: list[str], env: dict[str, str],
               path: list[str]) -> None:
         """Fork a child that runs ``main(argv)`` in its own session, in ``out_dir``, with ``env`` set,
         ``path`` first on ``sys.path`` and stdout/stderr in ``log/{name}.log``; it exits with main's code."""
+        self._spawn.setdefault(name, (main, argv, env, path))  # as first started: restarts derive from it
         log = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -345,13 +353,21 @@ class Launcher:
                     if float(ev.get("ts", 0)) >= t0 - 1:  # ignore what an earlier run left
                         progress.update(ev)
             progress.show()
-            for name, proc in self.children.items():
+            for name, proc in list(self.children.items()):
                 if workers_told:
                     break  # workers exiting now were asked to
                 if name != "coordinator" and proc.poll() is not None and name not in warned:
-                    warned.add(name)
-                    print(f"\nworker {name} exited with code {proc.returncode}; see {self.log_dir / (name + '.log')}",
-                          file=sys.stderr)
+                    again = name.startswith("collector") and self.restarts.get(name, 0) < _MAX_RESTARTS
+                    print(f"\nworker {name} exited with code {proc.returncode}; see {self.log_dir / (name + '.log')}"
+                          + ("; starting it again" if again else ""), file=sys.stderr)
+                    if again:  # a collector worker runs its tasks in-process: an env that crashed it
+                        n = self.restarts[name] = self.restarts.get(name, 0) + 1
+                        main, argv, env, path = self._spawn[name]
+                        # A new RQ worker name: the dead one's key lives on until its TTL ends.
+                        argv = [f"{a}-r{n}" if i and argv[i - 1] == "--name" else a for i, a in enumerate(argv)]
+                        self._fork(name, main, argv, env, path)
+                    else:
+                        warned.add(name)
         # The closing line shows the figures of summary.json (the learner may report a little more
         # after the coordinator's snapshot at the stop): one set of numbers per run.
         summary_path = self.run_dir / "summary.json"
