@@ -206,7 +206,7 @@ def _make_env(env_cfg: Any, render: bool) -> Any:
 
 def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[int] = None, seed: Optional[int] = None,
                         video: str | Path | None = None, video_episodes: int = 1, overrides: tuple[str, ...] = ()) -> EvalResult:
-    """Play ``episodes`` episodes with the policy saved in ``path``, acting as the run's evals (``policy.eval``).
+    """Play ``episodes`` episodes with the policy saved in ``path``, acting as the run's evals do.
 
     Args:
         path: ``final.pt`` (its own config and spaces rebuild the policy) or a bare state_dict

@@ -292,5 +292,6 @@ def test_collect_only_policy_has_only_the_actor():
     learner = make(seed=4)
     p.set_weights(learner.get_weights())
     obs = np.random.default_rng(1).normal(size=(16, 3)).astype(np.float32)
-    np.testing.assert_array_equal(p.act_eval(obs, np.random.default_rng(0)), learner.act_eval(obs, np.random.default_rng(1)))
+    rng = np.random.default_rng
+    np.testing.assert_array_equal(p.act_eval(obs, rng(0)), learner.act_eval(obs, rng(1)))
     assert all(k.startswith("actor.") for k in learner.get_weights())
