@@ -41,16 +41,19 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         # Modules to import before building the env (custom envs that register themselves). A config
         # file's own top-level imports are added here when it is loaded, so workers import them too.
         import_names=[],
-        # "" or "atari": gymnasium's Atari wrappers with the settings of env.atari (common/envs.py).
+        # "" or "atari": the Atari wrappers of SB3 / CleanRL with the settings of env.atari (common/envs.py).
         preset="",
         atari=dict(
             frame_skip=4,
             screen_size=84,
             grayscale=True,
             frame_stack=4,
-            noop_max=30,
+            noop_max=30,  # up to this many NOOP steps at the start of each game
             repeat_action_probability=0.25,  # sticky actions, as ALE v5
-            terminal_on_life_loss=True,  # training envs only
+            # Training envs only: a lost life ends the learner's episode while the game plays on
+            # (common/atari.py EpisodicLife); eval envs play whole games.
+            terminal_on_life_loss=True,
+            fire_reset=True,  # press FIRE after each reset in games that have a FIRE action
             clip_rewards=True,  # to [-1, 1], training envs only: eval returns are game scores
         ),
         # More gymnasium wrappers, applied in order after the preset:

@@ -4,10 +4,15 @@ Every process that builds an env (the collector's vector env, the learner's and 
 of the spaces, ``rqrl eval``) goes through here, so they all see the same spaces.
 
     base env   gym.make(env.env_id, **kwargs)       kwargs = env.env_kwargs (+ the preset's)
-    preset     env.preset = "atari": gymnasium's AtariPreprocessing (noop starts, frame skip,
-               max-pool, resize, grey) -> ClipReward(-1, 1) [training only] ->
-               FrameStackObservation; life loss is terminal for training only; the base env is
-               built with frameskip=1 (the wrapper skips) and sticky actions
+    preset     env.preset = "atari", as SB3's AtariWrapper and CleanRL's ppo_atari (common/atari.py):
+                 gymnasium's AtariPreprocessing   noop starts on a real reset, frame skip, max-pool,
+                                                  resize, grey
+              -> EpisodicLife [training only]     a lost life is terminal for the learner, the game
+                                                  plays on; info["game_over"] marks the real end
+              -> FireReset                        FIRE after each reset, games with a FIRE action
+              -> ClipReward(-1, 1) [training only]
+              -> FrameStackObservation
+               The base env is built with frameskip=1 (the wrapper skips) and sticky actions
                (repeat_action_probability, 0.25 as ALE v5). Settings: ``env.atari``.
     wrappers   env.wrappers = [dict(type="module:Class", kwargs={...}, train_only=False), ...],
                applied in order after the preset (any gymnasium wrapper, or your own).
@@ -83,10 +88,17 @@ def wrappers(env_cfg: Any, train: bool) -> list[Callable[[Any], Any]]:
 
     out: list[Callable[[Any], Any]] = []
     if env_cfg.get("preset") == "atari":
+        from common import atari
+
         a = env_cfg.atari
+        # gymnasium's own terminal_on_life_loss would restart the whole game at every lost life.
         out.append(lambda e: gw.AtariPreprocessing(
             e, noop_max=int(a.noop_max), frame_skip=int(a.frame_skip), screen_size=int(a.screen_size),
-            terminal_on_life_loss=bool(a.terminal_on_life_loss) and train, grayscale_obs=bool(a.grayscale)))
+            terminal_on_life_loss=False, grayscale_obs=bool(a.grayscale)))
+        if a.terminal_on_life_loss and train:
+            out.append(atari.EpisodicLife)
+        if a.fire_reset:
+            out.append(lambda e: atari.FireReset(e) if atari.has_fire(e) else e)
         if a.clip_rewards and train:
             out.append(lambda e: gw.ClipReward(e, -1.0, 1.0))
         if int(a.frame_stack) > 1:

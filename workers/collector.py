@@ -314,7 +314,7 @@ class Collector:
             if cap and steps >= cap:
                 self.capped = True
                 break
-            env_action = self._policy.act_eval(self._spec.obs_batch(obs))
+            env_action = self._policy.act_eval(self._spec.obs_batch(obs), self._rng)
             obs, reward, terminated, truncated, _ = step(self._env, cfg.env.env_id, env_action)
             check_finite(cfg.env.env_id, reward, *([obs] if self._spec.obs_kind == "box" else []))
             done = terminated | truncated

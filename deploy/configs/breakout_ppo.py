@@ -3,10 +3,13 @@ runs (as CleanRL's ppo_atari); needs the ``atari`` extra (``pip install 'rqrl[at
 
 ``env.preset="atari"`` as in pong_dqn.py: uint8 (4, 84, 84) observations, the Nature conv torso
 with a 512-unit layer shared by the actor and critic heads. One update is ``n_sample`` = 1024
-rows (2 collector tasks x 8 envs x 64 steps), 4 epochs of minibatches of 256. Evals play whole
-games (ALE's 108,000-frame limit) for the raw score: the preset presses FIRE where a game needs
-it, and evals keep to commander.eval_max_share of the time, so a weak policy's long evals do
-not starve training on a small machine.
+rows (2 collector tasks x 8 envs x 64 steps), 4 epochs of minibatches of 256. Training episodes
+end at each lost life (the game plays on) and FIRE serves the ball after every reset. Evals play
+whole games (ALE's 108,000-frame limit) for the raw score and sample from the policy
+(``policy.eval.sample``): a policy that puts most of its probability on NOOP would, acting
+greedily, never serve the ball again after a lost life and play until that limit. Evals keep to
+commander.eval_max_share of the time, so a weak policy's long evals do not starve training on a
+small machine.
 """
 
 main_config = dict(
@@ -26,7 +29,7 @@ main_config = dict(
                    clip_ratio=0.1, grad_clip_norm=0.5),
         collect=dict(n_sample=1024, discount_factor=0.99, gae_lambda=0.95),
         # No env-step cap of our own: ALE's 108,000-frame limit (27,000 env steps) ends every eval episode.
-        eval=dict(evaluator=dict(max_episode_seconds=300.0, max_env_steps=0)),
+        eval=dict(evaluator=dict(max_episode_seconds=300.0, max_env_steps=0), sample=True),
     ),
     commander=dict(eval_every_train_iter=50, eval_interval=30.0),
 )

@@ -1,9 +1,10 @@
 """DQN on Atari Pong (ALE/Pong-v5, stop_value 20), after DI-engine's pong_dqn_config; needs the
 ``atari`` extra (``pip install 'rqrl[atari]'``: ale-py, whose wheel ships the ROMs).
 
-``env.preset="atari"`` wraps the game in gymnasium's AtariPreprocessing and FrameStackObservation
-(frame skip 4, 84x84 grey, 4 stacked frames; sticky actions 0.25 as v5; life loss terminal and
-rewards clipped to [-1, 1] for training only; common/envs.py). Observations are uint8 (4, 84, 84)
+``env.preset="atari"`` wraps the game as SB3's AtariWrapper and CleanRL do (frame skip 4, 84x84
+grey, 4 stacked frames; sticky actions 0.25 as v5; noop starts; FIRE after reset; life loss
+terminal and rewards clipped to [-1, 1] for training only; common/envs.py). Evals act
+epsilon-greedy with epsilon 0.05 (``policy.eval.eps``). Observations are uint8 (4, 84, 84)
 and get the Nature DQN conv torso (policy.model.conv) with one 512-unit layer; they stay uint8
 until the learner's device. Pong needs millions of env steps; give the run a budget, e.g.
 ``--set commander.max_wall_seconds=3600``.

@@ -35,13 +35,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def evaluate(policy, cfg, spec, seed: int, episodes: int | None = None) -> np.ndarray:
-    """Returns of ``episodes`` (default ``env.n_evaluator_episode``) deterministic episodes, one env each."""
+    """Returns of ``episodes`` (default ``env.n_evaluator_episode``) eval episodes, one env each
+    (acting as the run's evals: ``policy.eval``, its randomness seeded by ``seed``)."""
     n = int(episodes or cfg.env.n_evaluator_episode)
-    env = make_vector_env(cfg.env, n)
+    env = make_vector_env(cfg.env, n, train=False)
     obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
     returns, ret, done_once = np.zeros(n), np.zeros(n), np.zeros(n, bool)
     while not done_once.all():
-        obs, r, te, tr, _ = env.step(policy.act_eval(spec.obs_batch(obs)))
+        obs, r, te, tr, _ = env.step(policy.act_eval(spec.obs_batch(obs), rng))
         ret += r * ~done_once
         finished = (te | tr) & ~done_once
         returns[finished] = ret[finished]

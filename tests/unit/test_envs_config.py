@@ -24,10 +24,11 @@ def test_the_atari_preset_builds_training_and_eval_envs_from_one_base():
             base = env.unwrapped
             assert base._frameskip == 1 and base.ale.getFloat("repeat_action_probability") == 0.25  # the wrapper skips
         chain = lambda e: [type(w).__name__ for w in _chain(e)]  # noqa: E731
-        assert chain(train) == ["FrameStackObservation", "ClipReward", "AtariPreprocessing"]
-        assert chain(evaluate) == ["FrameStackObservation", "AtariPreprocessing"]
-        assert _find(train, "AtariPreprocessing").terminal_on_life_loss is True
-        assert _find(evaluate, "AtariPreprocessing").terminal_on_life_loss is False
+        # Pong has a FIRE action, so both get FireReset; life loss and clipping are for training only.
+        assert chain(train) == ["FrameStackObservation", "ClipReward", "FireReset", "EpisodicLife", "AtariPreprocessing"]
+        assert chain(evaluate) == ["FrameStackObservation", "FireReset", "AtariPreprocessing"]
+        # gymnasium's own life-loss option restarts the game at every lost life: EpisodicLife replaces it.
+        assert _find(train, "AtariPreprocessing").terminal_on_life_loss is False
         spec = spaces.probe(cfg)
         assert (spec.obs_kind, spec.obs_layout, spec.action_n) == ("image", "chw", 6)
     finally:
@@ -38,7 +39,7 @@ def test_the_atari_preset_builds_training_and_eval_envs_from_one_base():
 def _chain(env):
     out = []
     while hasattr(env, "env"):
-        if type(env).__name__ in ("FrameStackObservation", "ClipReward", "AtariPreprocessing"):
+        if type(env).__name__ in ("FrameStackObservation", "ClipReward", "FireReset", "EpisodicLife", "AtariPreprocessing"):
             out.append(env)
         env = env.env
     return out

@@ -142,7 +142,7 @@ def test_policies_act_on_every_supported_env(env_id, algo):
         batch = spec.obs_batch(np.asarray(obs)[None])
         setting = {"eps": 0.5} if algo == "dqn" else {}
         env_action, record = policy.act(batch, setting, np.random.default_rng(0))
-        for a in (env_action[0], policy.act_eval(batch)[0]):
+        for a in (env_action[0], policy.act_eval(batch, np.random.default_rng(0))[0]):
             assert env.action_space.contains(np.asarray(a, dtype=env.action_space.dtype)), (env_id, a)
             env.step(a)
         for name, (shape, dtype) in policy.schema().items():
@@ -177,6 +177,7 @@ def test_unknown_env_id_refused_naming_the_key():
 
 def test_dqn_actions_of_discrete_with_negative_start():
     cfg = cfg_for(SHIFTED_ID)
+    cfg.policy.eval.eps = 0.0  # greedy evals
     spec = spaces.probe(cfg)
     assert (spec.action_kind, spec.action_n, spec.action_start) == ("discrete", 3, -1)
     spaces.check_model(cfg, spec)
@@ -184,7 +185,7 @@ def test_dqn_actions_of_discrete_with_negative_start():
     policy = create_policy(cfg, spec, modes=("collect", "eval"), device="cpu")
     obs = np.random.default_rng(1).uniform(-1, 1, (256, 2)).astype(np.float32)
 
-    greedy = policy.act_eval(obs)
+    greedy = policy.act_eval(obs, np.random.default_rng(0))
     assert greedy.min() >= -1 and greedy.max() <= 1
     with torch.no_grad():
         q = policy.model(torch.as_tensor(obs))
@@ -217,7 +218,7 @@ def test_ppo_actions_of_discrete_with_negative_start():
     env_action, record = policy.act(obs, {}, np.random.default_rng(2))
     assert set(env_action.tolist()) == {-1, 0, 1}  # near-uniform initial policy
     np.testing.assert_array_equal(record["action"], env_action + 1)
-    greedy = policy.act_eval(obs)
+    greedy = policy.act_eval(obs, np.random.default_rng(0))
     assert greedy.min() >= -1 and greedy.max() <= 1
 
 

@@ -134,10 +134,20 @@ class PPOPolicy(Policy):
                                  "value": value.cpu().numpy().astype(np.float32)}
 
     @torch.no_grad()
-    def act_eval(self, obs: np.ndarray) -> np.ndarray:
+    def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The most likely action / the mean; with ``policy.eval.sample`` a sample drawn with ``rng``."""
         dist, _ = self.model(self._x(obs))
-        a = dist.mean if self.continuous else dist.probs.argmax(dim=-1)
-        return self._to_env(a.cpu().numpy())
+        if not self.cfg.policy.eval.sample:
+            a = dist.mean if self.continuous else dist.probs.argmax(dim=-1)
+            return self._to_env(a.cpu().numpy())
+        if self.continuous:
+            mean, std = dist.mean.cpu().numpy(), dist.stddev.cpu().numpy()
+            return self._to_env((mean + std * rng.standard_normal(mean.shape)).astype(np.float32))
+        # Inverse-CDF sampling: the first action whose cumulative probability exceeds a uniform draw.
+        cdf = dist.probs.cpu().numpy().astype(np.float64).cumsum(axis=1)
+        u = rng.random((len(cdf), 1)) * cdf[:, -1:]
+        idx = np.minimum((cdf <= u).sum(axis=1), cdf.shape[1] - 1).astype(np.int64)
+        return self._to_env(idx)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
