@@ -35,7 +35,7 @@ from common.policy import algorithm_of, create_policy, export
 from common.seeding import env_seeds
 from workers import live_envs
 from workers.comm_collector import RedisCommCollector
-from workers.envs import check_finite, make_vector_env, step, true_next_obs
+from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
 from workers.live_envs import EpisodeStats, LiveEnvs
 from workers.task import Heartbeat, TaskError, check_current, task_connection, task_namespace, validate_task
 
@@ -279,7 +279,7 @@ class Collector:
             next_obs = self._spec.obs_batch(next_obs)
             done = terminated | truncated
             real_next = true_next_obs(next_obs, done, info, self._spec)
-            stats.step(reward, done)
+            stats.step(reward, episode_ends(done, info))  # whole games, where a lost life is terminal for learning
             steps += self._env_num
             if chunk.add(adder.add(obs, record, reward, real_next, terminated, truncated), self.policy_version):
                 send()

@@ -189,3 +189,14 @@ def test_the_vector_envs_autoreset_continues_the_game_after_a_lost_life():
         assert ends >= 4
     finally:
         venv.close()
+
+
+def test_training_statistics_count_whole_games_not_lives():
+    """A lost life is terminal for learning, but the collector's episode statistics end only at
+    the real game over (workers.envs.episode_ends reads the episodic-life wrapper's game_over)."""
+    from workers.envs import episode_ends
+
+    done = np.array([True, True, False])
+    info = {"final_info": {"game_over": np.array([False, True, False]), "_game_over": np.array([True, True, False])}}
+    assert episode_ends(done, info).tolist() == [False, True, False]
+    assert episode_ends(done, {}).tolist() == [True, True, False]  # envs without lives: done is the end

@@ -7,6 +7,7 @@ import pytest
 
 from common import envs, spaces
 from common.config import ConfigError, compile_config
+from tests.conftest import REPO
 
 
 def _cfg(**env):
@@ -78,3 +79,27 @@ def test_a_wrapper_that_cannot_be_imported_is_named_by_its_key():
     cfg = _cfg(wrappers=[dict(type="gymnasium.wrappers:NoSuchWrapper")])
     with pytest.raises(spaces.SpaceError, match=r"env.wrappers\[0\].type.*NoSuchWrapper"):
         spaces.probe(cfg)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "deploy" / "configs").glob("*.py")), ids=lambda p: p.name)
+def test_no_shipped_config_cuts_episodes(path):
+    """Under rqrl train (envs kept on the collector workers) nothing in a shipped config ends an
+    episode before the env does: no eval env-step cap below the eval's episodes."""
+    from common.config import load_config
+    from common.envs import cut_warnings
+
+    warnings, _ = cut_warnings(load_config(path))
+    assert warnings == []
+
+
+def test_an_eval_cap_below_the_episodes_is_warned_about_and_short_tasks_noted():
+    from common.config import compile_config
+    from common.envs import cut_warnings
+
+    cfg = compile_config({"policy": {"eval": {"evaluator": {"max_env_steps": 5000}},
+                                     "collect": {"collector": {"task_env_steps": 1000}}}})
+    warnings, notes = cut_warnings(cfg)  # CartPole-v1: 500-step episodes, 20 in a confirmation eval
+    assert warnings == ["config key 'policy.eval.evaluator.max_env_steps' = 5,000 can cut evals short: an eval plays "
+                        "20 episodes of up to 500 env steps (env.n_evaluator_episode, commander.confirm_eval_episodes)"]
+    assert len(notes) == 1 and "after 125 env steps per env" in notes[0] and "shorter than the env's 500" in notes[0]
+    assert cut_warnings(compile_config({})) == ([], [])
