@@ -73,9 +73,13 @@ class RedisCommCollector:
 
     # -- the seed's interface -------------------------------------------------------------
     def deal_with_collector_start(self) -> None:
-        """Announce the task: a ``started`` event with the worker's host and pid."""
+        """Announce the task: a ``started`` event with the host, pid and RQ worker name running it."""
+        from rq import get_current_job
+
+        job = get_current_job()
         events.emit(self._conn, self._exp, "started", self._task_id, "collector",
-                    host=socket.gethostname(), pid=os.getpid(), eval_flag=bool(self._task["eval_flag"]))
+                    host=socket.gethostname(), pid=os.getpid(), worker=getattr(job, "worker_name", None) or "",
+                    eval_flag=bool(self._task["eval_flag"]))
 
     def deal_with_collector_close(self, finish_info: dict[str, Any]) -> None:
         """Report the seed's finish info in a ``finished`` event."""
