@@ -191,13 +191,14 @@ class Collector:
                 self._comm.wait_for_policy(float(self._cfg.policy.collect.collector.policy_wait_s))
             self._refresh_policy(at_start=True)
             live.policy_version = self.policy_version
-        start = time.time()
+        start, cpu0 = time.time(), time.process_time()
         self.ready_at = time.perf_counter()
         steps = self._run_eval() if self._eval else self._run_train()
         if not replay_key:
             live.policy_version = self.policy_version
         info = finish_info(live.episodes, steps, time.time() - start, self.policy_version, self._eval)
         info["policy_envstep"] = int(self._comm.policy_envstep)
+        info["cpu_s"] = round(time.process_time() - cpu0, 3)  # this process's CPU seconds while the task ran
         if self._eval:  # what was played is what the coordinator may export
             info["confirmation"] = bool(replay_key)
             info["eval_capped"] = self.capped
