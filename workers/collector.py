@@ -190,7 +190,6 @@ class Collector:
             else:
                 self._comm.wait_for_policy(float(self._cfg.policy.collect.collector.policy_wait_s))
             self._refresh_policy(at_start=True)
-            live.policy_version = self.policy_version
         start, cpu0 = time.time(), time.process_time()
         self.ready_at = time.perf_counter()
         steps = self._run_eval() if self._eval else self._run_train()
