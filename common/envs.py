@@ -87,7 +87,7 @@ def import_preset(env_cfg: Any) -> None:
         register_minatar(env_cfg.env_id)
 
 
-def register_minatar(env_id: str = "MinAtar/...") -> None:
+def register_minatar(env_id: str) -> None:
     """Register MinAtar's gymnasium ids (``minatar.gym.register_envs``), once per process.
 
     Raises:
