@@ -17,6 +17,11 @@ of the spaces, ``rqrl eval``) goes through here, so they all see the same spaces
     wrappers   env.wrappers = [dict(type="module:Class", kwargs={...}, train_only=False), ...],
                applied in order after the preset (any gymnasium wrapper, or your own).
 
+MinAtar ids (``MinAtar/Breakout-v0``, ...; the ``minatar`` extra) work without an import of
+the user's: gymnasium 1.x does not load MinAtar's plugin, so the first env id that starts with
+``MinAtar/`` registers its games (:func:`register_minatar`). Their bool (10, 10, C) grids are
+image channels (common/spaces.py).
+
 ``train`` is True for collector tasks that send training data, False for eval tasks and
 ``rqrl eval``: training-only wrappers are skipped there, so eval returns are true game scores.
 """
@@ -27,6 +32,7 @@ import importlib
 from typing import Any, Callable
 
 PRESETS = ("", "atari")
+MINATAR_PREFIX = "MinAtar/"
 
 
 class EnvConfigError(ValueError):
@@ -63,7 +69,8 @@ def base_kwargs(env_cfg: Any) -> dict[str, Any]:
 
 
 def import_preset(env_cfg: Any) -> None:
-    """Import what the preset's env ids need (``ale_py`` registers ``ALE/...`` ids).
+    """Import what the preset's or the env id's envs need: ``ale_py`` registers ``ALE/...`` ids
+    (``env.preset="atari"``); an id starting with ``MinAtar/`` registers MinAtar's games.
 
     Raises:
         EnvConfigError: the optional dependency is not installed (names the extra to install).
@@ -76,6 +83,33 @@ def import_preset(env_cfg: Any) -> None:
             raise EnvConfigError(f"config key 'env.preset' is 'atari' but ale-py is not installed ({e}); "
                                  "pip install 'rqrl[atari]'") from None
         gym.register_envs(ale_py)
+    if str(env_cfg.get("env_id", "")).startswith(MINATAR_PREFIX):
+        register_minatar(env_cfg.env_id)
+
+
+def register_minatar(env_id: str) -> None:
+    """Register MinAtar's gymnasium ids (``minatar.gym.register_envs``), once per process.
+
+    Raises:
+        EnvConfigError: minatar is not installed (names ``env_id`` and the extra).
+    """
+    import logging
+
+    import gymnasium as gym
+
+    if any(name.startswith(MINATAR_PREFIX) for name in gym.registry):
+        return
+    muted = logging.root.manager.disable
+    # MinAtar logs at import that seaborn / matplotlib (for its own display) are missing: not ours to show.
+    logging.disable(logging.WARNING)
+    try:
+        import minatar.gym
+    except ImportError as e:
+        raise EnvConfigError(f"config key 'env.env_id' is {env_id!r} but minatar is not installed ({e}); "
+                             "pip install 'rqrl[minatar]'") from None
+    finally:
+        logging.disable(muted)
+    minatar.gym.register_envs()
 
 
 def wrappers(env_cfg: Any, train: bool) -> list[Callable[[Any], Any]]:

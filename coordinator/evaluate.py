@@ -214,8 +214,8 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
         cfg: a compiled config; with a final.pt only its ``env`` section is used (to play the
             policy on another env variant); default: the final.pt's, else the built-in defaults.
         episodes: number of episodes; default ``cfg.env.n_evaluator_episode``.
-        seed: episode ``i`` resets with seed ``seed + i``, and the policy's eval randomness
-            (``policy.eval``: a DQN's epsilon, PPO's sampling) draws from
+        seed: episode ``i`` resets with seed ``seed + i`` (modulo 2**32: env seeds are 32-bit),
+            and the policy's eval randomness (``policy.eval``: a DQN's epsilon, PPO's sampling) draws from
             ``numpy.random.default_rng(seed)``, so a result is reproducible; default ``cfg.seed``.
         video: a ``.gif`` or ``.mp4`` path; the first ``video_episodes`` episodes are filmed.
         overrides: ``KEY=VALUE`` config overrides applied last.
@@ -228,6 +228,7 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
     from common import spaces
     from common.config import ConfigError, apply_overrides, compile_config
     from common.policy import create_policy
+    from common.seeding import episode_seed
 
     video_path = Path(video) if video else None
     backend = _video_backend(video_path) if video_path else None
@@ -280,7 +281,7 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
         rng = np.random.default_rng(seed)
         for i in range(episodes):
             film = writer is not None and i < video_episodes
-            obs, _ = env.reset(seed=seed + i)
+            obs, _ = env.reset(seed=episode_seed(seed, i))
             if film:
                 writer.add(_render(env, cfg.env.env_id))
             ret, length, start = 0.0, 0, time.monotonic()
@@ -332,7 +333,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--episodes", type=int, default=None,
                    help="episodes to play (default: env.n_evaluator_episode of the config)")
     p.add_argument("--seed", type=int, default=None,
-                   help="episode i resets with seed SEED+i; the policy's eval randomness is seeded by SEED "
+                   help="episode i resets with seed SEED+i (mod 2**32); the policy's eval randomness is seeded by SEED "
                         "(default: the config's seed)")
     p.add_argument("--video", default=None, metavar="OUT.gif|OUT.mp4",
                    help="film the first episode(s): .gif with Pillow; .mp4 needs imageio[ffmpeg] or moviepy")
