@@ -277,7 +277,9 @@ def detail_tables(raw: dict) -> str:
                 f"{x['tasks']} tasks of {x['task_env_steps']} env steps, one `rq worker --burst`.", "",
                 "| worker | job s (in the work-horse) | in-task set-up s | set-up share of the job | "
                 "outside the jobs, per task s (worker start, fork, RQ) |", "| --- | --- | --- | --- | --- |"]
-        for label in ("preload_worker", "stock_worker"):
+        for label in ("collector_worker", "preload_worker", "stock_worker"):
+            if label not in x:  # runs recorded before CollectorWorker existed
+                continue
             y = x[label]
             out.append(f"| {label} | {fmt(y['job_s'])} | {fmt(y['in_task_setup_s'])} | {fmt(y['setup_share_of_job'])} | "
                        f"{y['outside_jobs_per_task_s']} |")
