@@ -41,16 +41,19 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         # Modules to import before building the env (custom envs that register themselves). A config
         # file's own top-level imports are added here when it is loaded, so workers import them too.
         import_names=[],
-        # "" or "atari": gymnasium's Atari wrappers with the settings of env.atari (common/envs.py).
+        # "" or "atari": the Atari wrappers of SB3 / CleanRL with the settings of env.atari (common/envs.py).
         preset="",
         atari=dict(
             frame_skip=4,
             screen_size=84,
             grayscale=True,
             frame_stack=4,
-            noop_max=30,
+            noop_max=30,  # up to this many NOOP steps at the start of each game
             repeat_action_probability=0.25,  # sticky actions, as ALE v5
-            terminal_on_life_loss=True,  # training envs only
+            # Training envs only: a lost life ends the learner's episode while the game plays on
+            # (common/atari.py EpisodicLife); eval envs play whole games.
+            terminal_on_life_loss=True,
+            fire_reset=True,  # press FIRE after each reset in games that have a FIRE action
             clip_rewards=True,  # to [-1, 1], training envs only: eval returns are game scores
         ),
         # More gymnasium wrappers, applied in order after the preset:
@@ -96,7 +99,13 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         collect=dict(
             n_sample=128,  # rows per step-data chunk (replay data); rows per train iteration (on-policy data)
             collector=dict(
-                task_env_steps=1000,  # env steps per collector task
+                # A collector task ends after this many env steps or seconds, whichever comes first.
+                # Envs live on the collector worker (workers/live_envs.py), so a task's end cuts no
+                # episode and long tasks cost nothing; the collect setting is read at every chunk.
+                task_env_steps=20_000,
+                task_max_seconds=60.0,
+                # Seconds a worker keeps a run's envs with no task of the run before closing them.
+                env_idle_s=300.0,
                 data_ttl=600,  # seconds a step-data blob lives in Redis
                 torch_threads=1,
                 policy_wait_s=120.0,  # seconds a task waits for the learner's first policy
@@ -105,7 +114,9 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
                 compression="auto",
             ),
         ),
-        eval=dict(evaluator=dict(max_episode_seconds=60.0)),
+        # An eval task ends when its episodes are done, after max_env_steps env steps (0 = no cap)
+        # or after max_episode_seconds per episode of its largest per-env quota.
+        eval=dict(evaluator=dict(max_episode_seconds=60.0, max_env_steps=100_000)),
         other=dict(replay_buffer=dict(
             replay_buffer_size=20000,
             replay_start_size=256,
@@ -130,6 +141,10 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         eval_interval=60.0,  # seconds, as the seed's SoloCommander
         eval_every_train_iter=200,
         eval_every_env_step=0,
+        # Evals (not their confirmations) keep to this share of the time: after an eval that ran
+        # d seconds the next waits d * (1 / share - 1) seconds, so on a small, busy machine evals
+        # cannot take more of the CPU than this from training (1 = no spacing).
+        eval_max_share=0.25,
         # An eval that reaches stop_value is confirmed by a second eval of the *same* weights on
         # this many fresh episodes (other seeds) before the run converges; 0 = converge at once.
         # final.pt holds exactly the confirmed weights; best.pt the best-evaluated so far.
@@ -318,7 +333,19 @@ def _validate(cfg: dict) -> None:
         envs.check(EasyDict(cfg["env"]))
     except envs.EnvConfigError as e:
         raise ConfigError(str(e)) from None
-    codec = cfg["policy"].get("collect", {}).get("collector", {}).get("compression", "auto")
+    col = cfg["policy"].get("collect", {}).get("collector", {})
+    for name in ("task_env_steps", "task_max_seconds"):
+        if name in col and not col[name] > 0:
+            raise ConfigError(f"config key 'policy.collect.collector.{name}' must be > 0, got {col[name]!r}")
+    if col.get("env_idle_s", 0) < 0:
+        raise ConfigError(f"config key 'policy.collect.collector.env_idle_s' must be >= 0, got {col['env_idle_s']!r}")
+    share = cfg["commander"]["eval_max_share"]
+    if not 0 < share <= 1:
+        raise ConfigError(f"config key 'commander.eval_max_share' must be in (0, 1], got {share!r}")
+    cap = cfg["policy"].get("eval", {}).get("evaluator", {}).get("max_env_steps", 0)
+    if cap < 0:
+        raise ConfigError(f"config key 'policy.eval.evaluator.max_env_steps' must be >= 0 (0 = no cap), got {cap!r}")
+    codec = col.get("compression", "auto")
     if codec not in ("auto", "none", "lz4", "zstd"):
         raise ConfigError(f"config key 'policy.collect.collector.compression' must be 'auto', 'none', 'lz4' or "
                           f"'zstd', got {codec!r}")

@@ -121,17 +121,17 @@ def unpack(chunk: dict[str, Any], schema: dict[str, tuple[tuple[int, ...], np.dt
 # ---------------------------------------------------------------- replay memory layout (workers/replay_buffer.py)
 
 WINDOW = 4096  # frames a replay buffer searches for a match (~29 MB of 84x84 frames)
-T0 = "_t0"  # per-row field: frames stored when the row arrived
+OLDEST = "_oldest"  # per-row field: a lower bound on the row's frame numbers (workers/replay_buffer.py)
 
 
 def row_layout(schema: dict[str, tuple[tuple[int, ...], np.dtype]], framed: Any) -> list[tuple[str, tuple]]:
     """A replay buffer's per-row arrays: a framed field keeps int64 frame numbers (C,) instead of
-    pixels, and framed buffers add :data:`T0` int64."""
+    pixels, and framed buffers add :data:`OLDEST` int64."""
     out = []
     for k, (shape, dt) in schema.items():
         out.append((k, ((shape[0] if len(shape) == 3 else 1,), np.dtype(np.int64)) if k in framed else (tuple(shape), np.dtype(dt))))
     if framed:
-        out.append((T0, ((), np.dtype(np.int64))))
+        out.append((OLDEST, ((), np.dtype(np.int64))))
     return out
 
 

@@ -138,6 +138,18 @@ def policy_updates(exp: str, policy_id: str) -> str:
     return f"{policy(exp, policy_id)}:updates"
 
 
+def collect_setting(exp: str) -> str:
+    """The current collect setting (JSON: ``{"setting": {...}, "ts": unix seconds}``), written by
+    the coordinator whenever it changes and read by collectors with every chunk."""
+    return f"{exp_prefix(exp)}:collect_setting"
+
+
+def worker_notice(worker_name: str) -> str:
+    """Set (with a TTL) once a stock forking collector worker has logged that it cannot keep envs
+    between tasks, so its log says so once rather than at every task."""
+    return f"{PREFIX}:worker:{_check('worker_name', worker_name)}:env_notice"
+
+
 def envstep(exp: str) -> str:
     """Counter of env steps sent by all collectors, compared with the learner's envstep_limit."""
     return f"{exp_prefix(exp)}:envstep"

@@ -12,9 +12,10 @@ from typing import Any, NamedTuple, Sequence
 
 import redis
 
-# KEYS: lease, data, meta stream, envstep counter, buffer stats, policy hash, stop, staged data
+# KEYS: lease, data, meta stream, envstep counter, buffer stats, policy hash, stop, staged data, collect setting
 # ARGV: maxlen, env_steps, field1, value1, ...
-# -> {1, counter, policy version|nil, envstep_limit|nil, stop, policy error|''} or {0} when the lease is gone.
+# -> {1, counter, policy version|nil, envstep_limit|nil, stop, policy error|'', collect setting|nil}
+#    or {0} when the lease is gone.
 # The blob itself is not an argument: the same MULTI/EXEC first SETs it (with its TTL) at the
 # staged key, and the script RENAMENXes it to the data key (O(1): Redis moves the value, where a
 # SET from Lua would copy it twice, ~0.6 ms per 800 KB) or deletes it, so nothing is left when
@@ -42,8 +43,9 @@ else
   redis.call('HINCRBY', KEYS[5], 'resent', 1)
 end
 local pol = redis.pcall('HMGET', KEYS[6], 'version', 'envstep_limit')
-if pol.err then return {1, counter, false, false, redis.call('EXISTS', KEYS[7]), pol.err} end
-return {1, counter, pol[1], pol[2], redis.call('EXISTS', KEYS[7]), ''}
+local setting = redis.call('GET', KEYS[9])
+if pol.err then return {1, counter, false, false, redis.call('EXISTS', KEYS[7]), pol.err, setting} end
+return {1, counter, pol[1], pol[2], redis.call('EXISTS', KEYS[7]), '', setting}
 """
 
 # KEYS: lease, meta stream, buffer stats
@@ -99,7 +101,8 @@ def _script(conn: redis.Redis, name: str, body: str) -> Any:
 
 class Chunk(NamedTuple):
     """One staged chunk for :func:`send_chunks`: ``keys`` as the chunk script's KEYS (see
-    ``_SEND_CHUNK``: lease, data, ..., staged data), the blob, its env steps and metadata fields."""
+    ``_SEND_CHUNK``: lease, data, ..., staged data, collect setting), the blob, its env steps and
+    metadata fields."""
 
     keys: Sequence[str]
     payload: bytes
@@ -114,8 +117,10 @@ def send_chunks(conn: redis.Redis, chunks: Sequence[Chunk], ttl_s: int, maxlen: 
     script never ran (a lost connection) is written again by the retry, or expires.
 
     Returns:
-        The last chunk's ``[1, counter, version|None, envstep_limit|None, stop, policy_error]``;
-        ``policy_error`` names the policy key when it could not be read (by any chunk), else ``""``.
+        The last chunk's ``[1, counter, version|None, envstep_limit|None, stop, policy_error,
+        collect_setting|None]``; ``policy_error`` names the policy key when it could not be read
+        (by any chunk), else ``""``; ``collect_setting`` is the raw JSON of the run's current
+        collect setting (bytes), None while the coordinator has written none.
 
     Raises:
         LeaseRevoked: the lease is gone (names it); no chunk sent after it was revoked was written.

@@ -7,13 +7,17 @@ of the task's: streams are independent, and a run is reproducible from its seed:
 
     task_seed(run_seed, n)      -> the seed stamped on task n (n = 1, 2, ... in dispatch order)
     env_seeds(task_seed, k)     -> k env seeds for that task's vector env (reset(seed=list))
+
+Task seeds are 63-bit; env seeds are 32-bit, [0, 2**32): envs that seed numpy's legacy
+``RandomState`` (MinAtar) refuse larger ones ("Seed must be between 0 and 2**32 - 1").
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-_BITS = 63  # seeds travel as JSON ints and through task validation: [0, 2**63)
+_BITS = 63  # task seeds travel as JSON ints and through task validation: [0, 2**63)
+ENV_SEED_BITS = 32  # what every env's reset(seed=...) accepts, legacy RandomState ones included
 
 
 def _as_int(seq: np.random.SeedSequence) -> int:
@@ -38,5 +42,16 @@ def task_seed(run_seed: int, task_number: int) -> int:
 
 
 def env_seeds(seed: int, num_envs: int) -> list[int]:
-    """``num_envs`` independent env seeds for a task seeded ``seed`` (its vector env's reset)."""
-    return [_as_int(child) for child in np.random.SeedSequence(int(seed)).spawn(int(num_envs))]
+    """``num_envs`` independent env seeds for a task seeded ``seed`` (its vector env's reset).
+
+    Returns:
+        Ints in [0, 2**32), one 32-bit word of each child ``SeedSequence``.
+    """
+    children = np.random.SeedSequence(int(seed)).spawn(int(num_envs))
+    return [int(child.generate_state(1, np.uint32)[0]) for child in children]
+
+
+def episode_seed(seed: int, episode: int) -> int:
+    """The reset seed of episode ``episode`` of ``rqrl eval --seed seed``: ``seed + episode``,
+    wrapped into [0, 2**32) (:data:`ENV_SEED_BITS`)."""
+    return (int(seed) + int(episode)) % (1 << ENV_SEED_BITS)

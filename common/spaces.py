@@ -5,25 +5,29 @@ checkpoints and is rebuilt in every process that builds the env). :func:`resolve
 ``policy.model.obs_shape`` / ``action_shape`` from the env when the config leaves them unset,
 and refuses a set value that disagrees, in one line naming the env id, the space and the key.
 
-Supported (classic control and toy text; anything else is refused at start, by name):
+Supported (anything else is refused at start, by name):
 
     observation  Box of any shape, float dtype   -> float32 (*shape)
-                 Box uint8, 2-D or 3-D (an image) -> uint8 (*shape), unchanged (see below)
+                 Box 2-D or 3-D of uint8, bool, or another integer dtype with bounds in [0, 255]
+                 (an image or a grid)            -> uint8 (*shape) (see below)
                  Discrete(n, start)              -> int64 scalar (the index obs - start)
     action       Discrete(n, start)              -> the policy picks an index in [0, n); the env gets index + start
                  Box(low, high, (A,)), finite    -> float32 (A,), clipped or rescaled to [low, high] by the policy
 
-Images. A uint8 Box observation of 2 or 3 dimensions is an image (``obs_kind="image"``): it is
-stored and sent as uint8 exactly as the env returns it, and the policy's conv encoder
-(common/policy/nets.py) scales it to [0, 1] on its own device. ``obs_layout`` says where the
-channels are:
+Images and grids. A 2-D or 3-D Box of uint8 (pixels), bool (binary channels: MinAtar's
+(10, 10, C) grids) or another integer dtype whose bounds lie in [0, 255] (categorical
+channels) is an image (``obs_kind="image"``): it is stored and sent as uint8 (bool as 0/1),
+and the policy's conv encoder (common/policy/nets.py) scales it to [0, 1] on its own device by
+the Box's ``high`` (``image_high``: 255 for pixels, 1 for a binary grid, so a ``Box(0, 1)`` uint8
+grid is not divided by 255). ``obs_layout`` says where the channels are:
 
     (H, W)       "hw"    one channel (e.g. AtariPreprocessing's grey frame)
     (C, H, W)    "chw"   when the first axis is smaller than the last (FrameStackObservation of
                          grey frames: (4, 84, 84))
-    (H, W, C)    "hwc"   otherwise, ties included (gymnasium's render / RGB convention: (210, 160, 3))
+    (H, W, C)    "hwc"   otherwise, ties included (gymnasium's render / RGB convention: (210, 160, 3);
+                         MinAtar's (10, 10, C))
 
-A uint8 Box of another rank, or of another integer dtype, is refused by name.
+Such a Box of another rank, or an integer Box with bounds outside [0, 255], is refused by name.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class SpaceSpec:
         action_dim: size of a Box action (0 for Discrete).
         action_low / action_high: Box bounds, one float per action dimension.
         obs_layout: ``"hw"``, ``"chw"`` or ``"hwc"`` for an image observation, else ``""``.
+        image_high: the stored value that means 1.0 for an image (the Box's largest ``high``:
+            255 for pixels, 1 for a binary grid); unused otherwise.
     """
 
     env_id: str
@@ -68,7 +74,8 @@ class SpaceSpec:
     action_dim: int
     action_low: tuple[float, ...]
     action_high: tuple[float, ...]
-    obs_layout: str = ""  # last, with a default: bundles saved before images load unchanged
+    obs_layout: str = ""  # last, with defaults: bundles saved before images (or grids) load unchanged
+    image_high: float = 255.0
 
     @property
     def obs_dim(self) -> int:
@@ -116,10 +123,19 @@ class SpaceSpec:
 
     def obs_batch(self, obs: np.ndarray) -> np.ndarray:
         """Observations of a vector env as stored in chunks: float32 (E, *obs_shape), uint8
-        (E, *obs_shape) for images (no copy when already uint8), or int64 (E,)."""
+        (E, *obs_shape) for images (no copy when already uint8; bool grids become 0/1), or int64 (E,).
+
+        Raises:
+            SpaceError: an integer grid holds a value outside [0, 255] (it would wrap in uint8).
+        """
         if self.obs_kind == "discrete":
             return np.asarray(obs, dtype=np.int64) - self.obs_start
-        return np.asarray(obs, dtype=self.obs_dtype)
+        a = np.asarray(obs)
+        if self.obs_kind == "image" and a.dtype.kind in "iu" and a.dtype != np.uint8 and a.size and (
+                a.min() < 0 or a.max() > 255):
+            raise SpaceError(f"env {self.env_id!r}: an observation holds {a.min()}..{a.max()}, outside its "
+                             f"integer grid's [0, 255]")
+        return np.asarray(a, dtype=self.obs_dtype)
 
 
 def from_spaces(env_id: str, observation_space: Any, action_space: Any) -> SpaceSpec:
@@ -134,26 +150,37 @@ def from_spaces(env_id: str, observation_space: Any, action_space: Any) -> Space
         return SpaceError(f"env {env_id!r}: {what} space {space} is not supported: {why}")
 
     obs, act = observation_space, action_space
-    layout = ""
+    layout, obs_high = "", 255.0
     if isinstance(obs, gs.Discrete):
         okind, oshape, on, ostart = "discrete", (), int(obs.n), int(obs.start)
     elif isinstance(obs, gs.Box):
         oshape = tuple(int(s) for s in obs.shape)
-        if obs.dtype == np.uint8:
+        if obs.dtype == np.bool_ or np.issubdtype(obs.dtype, np.integer):
+            kind = {np.dtype(np.uint8): "uint8", np.dtype(np.bool_): "bool"}.get(np.dtype(obs.dtype), "integer")
             if len(oshape) not in (2, 3):
-                raise refuse("observation", obs, "a uint8 Box observation is an image and must be 2-D (H, W) "
-                                                 "or 3-D (C, H, W) / (H, W, C)")
+                raise refuse("observation", obs, f"a {kind} Box observation is an image or grid and must be 2-D "
+                                                 "(H, W) or 3-D (C, H, W) / (H, W, C)")
+            if obs.dtype == np.bool_:
+                obs_high = 1.0
+            else:
+                lo, obs_high = float(np.min(obs.low)), float(np.max(obs.high))
+                if lo < 0 or obs_high > 255 or obs_high <= 0:
+                    raise refuse("observation", obs, f"dtype {obs.dtype} with bounds [{lo:g}, {obs_high:g}]; an "
+                                                     "integer grid is stored as uint8 and needs bounds within "
+                                                     "[0, 255] (and a high above 0)")
             layout = "hw" if len(oshape) == 2 else ("chw" if oshape[0] < oshape[-1] else "hwc")
             okind, on, ostart = "image", 0, 0
         elif not np.issubdtype(obs.dtype, np.floating):
             raise refuse("observation", obs, f"dtype {obs.dtype}; a Box observation must be a float dtype "
-                                             "(or uint8 for an image)")
+                                             "(or uint8, bool or small integers for an image or grid)")
         else:
             okind, on, ostart = "box", 0, 0
     else:
-        raise refuse("observation", obs, "only Box (float, or uint8 images) and Discrete observations are")
+        raise refuse("observation", obs, "only Box (float, or uint8 / bool / small-integer images and grids) "
+                                         "and Discrete observations are")
     if isinstance(act, gs.Discrete):
-        return SpaceSpec(env_id, okind, oshape, on, ostart, "discrete", int(act.n), int(act.start), 0, (), (), layout)
+        return SpaceSpec(env_id, okind, oshape, on, ostart, "discrete", int(act.n), int(act.start), 0, (), (), layout,
+                         obs_high)
     if isinstance(act, gs.Box):
         if len(act.shape) != 1:
             raise refuse("action", act, "a Box action must be 1-D")
@@ -161,7 +188,7 @@ def from_spaces(env_id: str, observation_space: Any, action_space: Any) -> Space
         if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
             raise refuse("action", act, "Box actions need finite bounds")
         return SpaceSpec(env_id, okind, oshape, on, ostart, "box", 0, 0, int(act.shape[0]),
-                         tuple(float(x) for x in low), tuple(float(x) for x in high), layout)
+                         tuple(float(x) for x in low), tuple(float(x) for x in high), layout, obs_high)
     raise refuse("action", act, "only Discrete and Box actions are")
 
 

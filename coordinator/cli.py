@@ -176,7 +176,14 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     except spaces.SpaceError as e:
         print(f"note: {e}", file=sys.stderr)
         spec = None
+    from common import envs
     from common.policy import algorithm_of, create_policy
+
+    warnings, notes = envs.cut_warnings(cfg)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    for line in notes:
+        print(f"note: {line}", file=sys.stderr)
 
     if spec is not None and algorithm_of(cfg).data_source == "replay":
         from common import memory_budget

@@ -96,6 +96,12 @@ class BaseCommander(ABC):
         """``workers`` collector workers are live (the coordinator calls this whenever the count
         changes). A commander with a fixed collector task space does not override it."""
 
+    def collect_setting(self) -> dict[str, Any]:
+        """The collect setting training collectors should act with now (plain JSON values). The
+        coordinator writes it to ``rqrl:{exp}:collect_setting`` whenever it changes and collectors
+        read it with every chunk, so a long task never acts on a stale one."""
+        return {}
+
 
 @COMMANDER_REGISTRY.register("solo")
 class SoloCommander(BaseCommander):
@@ -134,6 +140,8 @@ class SoloCommander(BaseCommander):
         self._eval_in_flight: Optional[str] = None
         self._eval_own_slot = False  # the eval in flight holds the eval slot, not collector space
         self._last_eval = {"time": self._clock(), "train_iter": 0, "envstep": 0}
+        # When the last eval ended and how long it ran (seconds): evals keep to eval_max_share.
+        self._eval_spent = {"end": 0.0, "duration": 0.0}
         # An eval that passed, waiting for its confirmation eval ({"task_id", "dispatched"}).
         self._confirm: Optional[dict] = None
         self._best: dict = {}  # best eval so far: task_id, reward_mean, policy_version, envstep
@@ -166,6 +174,9 @@ class SoloCommander(BaseCommander):
             return False
         if self._confirm is not None:
             return True
+        share = float(c.eval_max_share)
+        if 0 < share < 1 and self._clock() < self._eval_spent["end"] + self._eval_spent["duration"] * (1 / share - 1):
+            return False  # evals may take at most eval_max_share of the time (and so of a busy CPU)
         due_time = c.eval_interval > 0 and self._clock() - self._last_eval["time"] >= c.eval_interval
         due_iter = c.eval_every_train_iter > 0 and self.train_iter - self._last_eval["train_iter"] >= c.eval_every_train_iter
         due_step = c.eval_every_env_step > 0 and self.total_envstep - self._last_eval["envstep"] >= c.eval_every_env_step
@@ -198,8 +209,6 @@ class SoloCommander(BaseCommander):
                          "eval_episodes": int(self._commander_cfg.confirm_eval_episodes)}
             else:
                 self._last_eval = {"time": self._clock(), "train_iter": self.train_iter, "envstep": self.total_envstep}
-        info = {"envstep": self.total_envstep, "train_iter": self.train_iter,
-                "collectors": self._collector_task_space.max_val}
         return {**extra,
             "task_id": task_id,
             "task_type": "collector",
@@ -209,7 +218,7 @@ class SoloCommander(BaseCommander):
             "buffer_id": self._current_buffer_id,
             "policy_id": self._current_policy_id,
             "eval_flag": eval_flag,
-            "collect_setting": self._algorithm.collect_setting(self._cfg.policy, info),
+            "collect_setting": self.collect_setting(),
             "envstep": self.total_envstep,
             "seed": self._next_seed(),
             "config": self._task_config,
@@ -293,6 +302,8 @@ class SoloCommander(BaseCommander):
                 self._tb_logger.add_scalar(f"{kind}_iter/{k}", v, train_iter)
                 self._tb_logger.add_scalar(f"{kind}_step/{k}", v, self.total_envstep)
         if is_eval:
+            if not finished_task.get("confirmation"):
+                self._eval_spent = {"end": self._clock(), "duration": float(finished_task.get("duration") or 0.0)}
             return self._judge_eval(task_id, finished_task, train_iter)
         return False
 
@@ -403,6 +414,13 @@ class SoloCommander(BaseCommander):
             space = min(space, int(c.collector_task_space))
         self._collector_task_space.resize(space)
 
+    def collect_setting(self) -> dict[str, Any]:
+        """The algorithm's collect setting for the env steps, train iterations and collector task
+        space now (``Algorithm.collect_setting``; e.g. DQN's epsilon, PPO's rollout share)."""
+        info = {"envstep": self.total_envstep, "train_iter": self.train_iter,
+                "collectors": self._collector_task_space.max_val}
+        return self._algorithm.collect_setting(self._cfg.policy, info)
+
     def increase_collector_task_space(self) -> None:
         """One more collector may run (a collector joined)."""
         self._collector_task_space.increase_space()
@@ -426,6 +444,7 @@ class SoloCommander(BaseCommander):
             "eval_in_flight": self._eval_in_flight,
             "eval_own_slot": self._eval_own_slot,
             "last_eval": self._last_eval,
+            "eval_spent": self._eval_spent,
             "end_flag": self._end_flag,
             "seed_counter": self._seed_counter,
             "run_id": self._run_id,
@@ -449,6 +468,7 @@ class SoloCommander(BaseCommander):
         self._eval_in_flight = state["eval_in_flight"]
         self._eval_own_slot = bool(state.get("eval_own_slot", False))
         self._last_eval = dict(state["last_eval"])
+        self._eval_spent = dict(state.get("eval_spent") or {"end": 0.0, "duration": 0.0})
         self._end_flag = bool(state["end_flag"])
         self._seed_counter = int(state["seed_counter"])
         self._run_id = state["run_id"]

@@ -72,6 +72,9 @@ _TRIM_EVERY_S = 5.0
 # How often the collector workers are counted (two round trips), so a worker that joins gets a
 # task within about a second without the registry being read on every pass of the loop.
 _WORKERS_EVERY_S = 0.5
+# How often the collect setting is recomputed (and written when it changed): the bound on how
+# stale a collector's setting can be, beside one loop pass (at most 0.5 s of blocking read).
+_SETTING_EVERY_S = 0.2
 
 
 def _fmt(value: Any) -> str:
@@ -223,6 +226,8 @@ class Coordinator:
         self._next_workers = 0.0
         self.events_lost = ""  # how unread events were found trimmed, if they were
         self._ckpt_on_disk = -1  # version (train_iter) of the checkpoint copied to the run folder
+        self._setting_sent = ""  # the collect setting last written to rqrl:{exp}:collect_setting (JSON)
+        self._next_setting = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def _pick_run_name(self) -> str:
@@ -472,6 +477,9 @@ class Coordinator:
             self._apply_dead()
             self._dispatch()  # refill freed slots before the periodic checks below
             now = time.time()
+            if now >= self._next_setting:
+                self._next_setting = now + _SETTING_EVERY_S
+                self._publish_setting()
             if now >= self._next_liveness:
                 self._next_liveness = now + 1.0
                 self._keep_alive()
@@ -512,6 +520,14 @@ class Coordinator:
             self.log.info("collector workers: %s -> %d; collector task space %s", self.collector_workers, n,
                           self.commander.summary()["collector_task_space"])
             self.collector_workers = n
+
+    def _publish_setting(self) -> None:
+        """Write the commander's collect setting to ``rqrl:{exp}:collect_setting`` when it changed
+        (collectors read it with every chunk: a task lasting minutes acts on the current one)."""
+        setting = json.dumps(self.commander.collect_setting(), sort_keys=True)
+        if setting != self._setting_sent:
+            self.conn.set(keys.collect_setting(self.exp), json.dumps({"setting": json.loads(setting), "ts": time.time()}))
+            self._setting_sent = setting
 
     def _dispatch(self) -> None:
         """Enqueue every task the commander hands out, all in one MULTI/EXEC with their leases and

@@ -1,9 +1,12 @@
-"""``rqrl eval``: play a saved policy's deterministic episodes, report its return, optionally film it.
+"""``rqrl eval``: play a saved policy's episodes as the run's evals do, report its return, optionally film it.
 
 The file is a run's ``final.pt`` (common/policy/export.py): the acting weights with the
 algorithm name, config and env spaces they were trained with, so any registered algorithm
 plays the same way and no ``--config`` is needed. ``--config`` swaps in another env section
 (e.g. another ``max_episode_steps``); a bare ``state_dict`` of tensors needs the run's config.
+The policy acts as in the run's evals (``policy.eval``: a DQN is epsilon-greedy with
+``policy.eval.eps``, 0.05 by default; ``--set policy.eval.eps=0`` plays greedily), with its
+randomness drawn from ``--seed``: the same file, seed and settings give the same returns.
 Files are read with ``torch.load(path, weights_only=True)``; non-finite weights are refused.
 
 Usage::
@@ -209,7 +212,7 @@ def _make_env(env_cfg: Any, render: bool) -> Any:
 
 def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[int] = None, seed: Optional[int] = None,
                         video: str | Path | None = None, video_episodes: int = 1, overrides: tuple[str, ...] = ()) -> EvalResult:
-    """Play ``episodes`` deterministic episodes with the policy saved in ``path``.
+    """Play ``episodes`` episodes with the policy saved in ``path``, acting as the run's evals do.
 
     Args:
         path: ``final.pt`` (its own config and spaces rebuild the policy) or a bare state_dict
@@ -217,7 +220,9 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
         cfg: a compiled config; with a final.pt only its ``env`` section is used (to play the
             policy on another env variant); default: the final.pt's, else the built-in defaults.
         episodes: number of episodes; default ``cfg.env.n_evaluator_episode``.
-        seed: episode ``i`` resets with seed ``seed + i``; default ``cfg.seed``.
+        seed: episode ``i`` resets with seed ``seed + i`` (modulo 2**32: env seeds are 32-bit),
+            and the policy's eval randomness (``policy.eval``: a DQN's epsilon, PPO's sampling) draws from
+            ``numpy.random.default_rng(seed)``, so a result is reproducible; default ``cfg.seed``.
         video: a ``.gif`` or ``.mp4`` path; the first ``video_episodes`` episodes are filmed.
         overrides: ``KEY=VALUE`` config overrides applied last.
 
@@ -229,6 +234,7 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
     from common import spaces
     from common.config import ConfigError, apply_overrides, compile_config
     from common.policy import create_policy
+    from common.seeding import episode_seed
 
     video_path = Path(video) if video else None
     backend = _video_backend(video_path) if video_path else None
@@ -277,14 +283,16 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
         max_s = float(cfg.policy.eval.evaluator.max_episode_seconds or 0)
         returns: list[float] = []
         lengths: list[int] = []
+        # The policy's eval randomness (a DQN's eval epsilon, PPO's sampling): one stream from the seed.
+        rng = np.random.default_rng(seed)
         for i in range(episodes):
             film = writer is not None and i < video_episodes
-            obs, _ = env.reset(seed=seed + i)
+            obs, _ = env.reset(seed=episode_seed(seed, i))
             if film:
                 writer.add(_render(env, cfg.env.env_id))
             ret, length, start = 0.0, 0, time.monotonic()
             while True:
-                action = policy.act_eval(spec.obs_batch(np.asarray(obs)[None]))[0]
+                action = policy.act_eval(spec.obs_batch(np.asarray(obs)[None]), rng)[0]
                 obs, reward, terminated, truncated, _ = env.step(action)
                 ret += float(reward)
                 length += 1
@@ -330,7 +338,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a config key, e.g. --set env.env_kwargs.max_episode_steps=1000")
     p.add_argument("--episodes", type=int, default=None,
                    help="episodes to play (default: env.n_evaluator_episode of the config)")
-    p.add_argument("--seed", type=int, default=None, help="episode i resets with seed SEED+i (default: the config's seed)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="episode i resets with seed SEED+i (mod 2**32); the policy's eval randomness is seeded by SEED "
+                        "(default: the config's seed)")
     p.add_argument("--video", default=None, metavar="OUT.gif|OUT.mp4",
                    help="film the first episode(s): .gif with Pillow; .mp4 needs imageio[ffmpeg] or moviepy")
     p.add_argument("--video-episodes", type=int, default=1, help="how many episodes to film (default 1)")
@@ -364,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rqrl eval", description="Play deterministic episodes with a saved rqrl policy.")
+    p = argparse.ArgumentParser(prog="rqrl eval", description="Play episodes with a saved rqrl policy, acting as the run's evals.")
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -38,7 +38,14 @@ from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
 from common.redis_memory import check_memory_settings
 
-_WORKER_CLASS = "workers.worker.PreloadWorker"
+# The learner runs in a forked work-horse (PreloadWorker); collectors in the worker process
+# itself, which keeps each run's envs between tasks (CollectorWorker, workers/worker.py).
+_WORKER_CLASS = {keys.LEARNER_QUEUE: "workers.worker.PreloadWorker", keys.COLLECTOR_QUEUE: "workers.worker.CollectorWorker"}
+
+
+# A collector worker that dies (it runs its tasks, and their envs, in its own process) is forked
+# again, as a supervisor would, at most this many times per worker.
+_MAX_RESTARTS = 5
 
 
 class _Child:
@@ -206,6 +213,8 @@ class Launcher:
         self.run_dir = self.out_dir / self.ns
         self.log_dir = self.run_dir / "log"
         self.children: dict[str, _Child] = {}
+        self._spawn: dict[str, tuple[Any, ...]] = {}  # name -> what _fork was given, to start it again
+        self.restarts: dict[str, int] = {}
         self.embedded: Optional[EmbeddedRedis] = None
         self.started_at = time.time() if started_at is None else started_at
         self.resume = resume
@@ -214,6 +223,7 @@ class Launcher:
               path: list[str]) -> None:
         """Fork a child that runs ``main(argv)`` in its own session, in ``out_dir``, with ``env`` set,
         ``path`` first on ``sys.path`` and stdout/stderr in ``log/{name}.log``; it exits with main's code."""
+        self._spawn.setdefault(name, (main, argv, env, path))  # as first started: restarts derive from it
         log = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -298,15 +308,15 @@ class Launcher:
         """Import torch, gymnasium, the job modules and RQ's CLI here once, then fork ``learners``
         learner workers and the collector workers (one more than collector tasks: the coordinator
         keeps it free, so an eval starts at once), named ``{exp_name}-{tag}{role}{i}-{pid}``."""
-        importlib.import_module(_WORKER_CLASS.rpartition(".")[0])
+        importlib.import_module(_WORKER_CLASS[keys.LEARNER_QUEUE].rpartition(".")[0])
         importlib.import_module("rq.cli")
         stamp = f"{os.getpid()}"
         for i in range(learners):
             name = "learner" if i == 0 else f"learner{i}"
-            self._fork(name, _rq_worker_main, [keys.LEARNER_QUEUE, "-w", _WORKER_CLASS,
+            self._fork(name, _rq_worker_main, [keys.LEARNER_QUEUE, "-w", _WORKER_CLASS[keys.LEARNER_QUEUE],
                                                "--name", f"{self.cfg.exp_name}-{tag}{name}-{stamp}"], env, path)
         for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
-            self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS,
+            self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS[keys.COLLECTOR_QUEUE],
                                                           "--name", f"{self.cfg.exp_name}-{tag}collector{i}-{stamp}"],
                        env, path)
 
@@ -364,13 +374,21 @@ class Launcher:
                     if float(ev.get("ts", 0)) >= t0 - 1:  # ignore what an earlier run left
                         progress.update(ev)
             progress.show()
-            for name, proc in self.children.items():
+            for name, proc in list(self.children.items()):
                 if workers_told:
                     break  # workers exiting now were asked to
                 if name != "coordinator" and proc.poll() is not None and name not in warned:
-                    warned.add(name)
-                    print(f"\nworker {name} exited with code {proc.returncode}; see {self.log_dir / (name + '.log')}",
-                          file=sys.stderr)
+                    again = name.startswith("collector") and self.restarts.get(name, 0) < _MAX_RESTARTS
+                    print(f"\nworker {name} exited with code {proc.returncode}; see {self.log_dir / (name + '.log')}"
+                          + ("; starting it again" if again else ""), file=sys.stderr)
+                    if again:  # a collector worker runs its tasks in-process: an env that crashed it
+                        n = self.restarts[name] = self.restarts.get(name, 0) + 1
+                        main, argv, env, path = self._spawn[name]
+                        # A new RQ worker name: the dead one's key lives on until its TTL ends.
+                        argv = [f"{a}-r{n}" if i and argv[i - 1] == "--name" else a for i, a in enumerate(argv)]
+                        self._fork(name, main, argv, env, path)
+                    else:
+                        warned.add(name)
         # The closing line shows the figures of summary.json (the learner may report a little more
         # after the coordinator's snapshot at the stop): one set of numbers per run.
         summary_path = self.run_dir / "summary.json"

@@ -69,6 +69,10 @@ def worker_env(url: str) -> dict[str, str]:
     return env
 
 
+# What rqrl train runs: collectors keep envs between tasks in-process, the learner forks a work-horse.
+WORKER_CLASS = {"collector": "workers.worker.CollectorWorker", "learner": "workers.worker.PreloadWorker"}
+
+
 def rq_bin() -> str:
     beside = Path(sys.executable).with_name("rq")
     return str(beside) if beside.exists() else "rq"

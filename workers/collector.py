@@ -2,20 +2,26 @@
 
 ``rq worker collector`` runs :func:`run_collector_task` with a task dict from the commander.
 
-A training task acts with the policy (``policy.act`` with the task's ``collect_setting``, e.g.
-an exploration rate), turns steps into rows with the policy's adder, packs them into chunks of at
-least ``policy.collect.n_sample`` rows (one msgpack blob plus one metadata entry on the
-buffer's stream each; image fields as distinct frames, common/frames.py, and the blob
-compressed per ``collector.compression``, common/chunk_codec.py; tagged with the policy version that produced them), refreshes its
-weights whenever the learner publishes a newer version (on-policy algorithms wait for it after
-each chunk), and ends after ``task_env_steps`` env steps or at the stop flag. An eval task
-(``eval_flag``) plays ``env.n_evaluator_episode`` deterministic episodes, counts each exactly
-once and sends no training data. Both report the seed's finish info.
+A training task continues its run's envs where the run's last task on this worker left them
+(workers/live_envs.py: envs live on the worker, not in the task), acts with the policy
+(``policy.act`` with the collect setting, e.g. an exploration rate, which every flush reads back
+from ``rqrl:{exp}:collect_setting``), turns steps into rows with the policy's adder, packs them
+into chunks of at least ``policy.collect.n_sample`` rows (one msgpack blob plus one metadata
+entry on the buffer's stream each; image fields as distinct frames, common/frames.py, and the
+blob compressed per ``collector.compression``, common/chunk_codec.py; tagged with the policy
+version that produced them), refreshes its weights whenever the learner publishes a newer
+version (on-policy algorithms wait for it after each chunk), and ends after ``task_env_steps``
+env steps, ``task_max_seconds`` or at the stop flag. An eval task (``eval_flag``) resets its
+eval envs with its own seeds, plays ``env.n_evaluator_episode`` episodes (at most
+``policy.eval.evaluator.max_env_steps`` env steps), counts each exactly once and sends no
+training data. Both report the seed's finish info.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -24,12 +30,16 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from common import chunk_codec, events, frames, spaces
+from common import chunk_codec, events, frames, keys, spaces
 from common.policy import algorithm_of, create_policy, export
 from common.seeding import env_seeds
+from workers import live_envs
 from workers.comm_collector import RedisCommCollector
-from workers.envs import check_finite, make_vector_env, step, true_next_obs
+from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
+from workers.live_envs import EpisodeStats, LiveEnvs
 from workers.task import Heartbeat, TaskError, check_current, task_connection, task_namespace, validate_task
+
+log = logging.getLogger(__name__)
 
 
 class ChunkBuilder:
@@ -64,134 +74,179 @@ class ChunkBuilder:
         return out
 
 
-class EpisodeStats:
-    """Per-env episode return / length / duration accounting for the finish info."""
+def finish_info(stats: EpisodeStats, step_count: int, seconds: float, policy_version: int,
+                eval_flag: bool) -> dict[str, Any]:
+    """The seed's finish info of one task (times in seconds, steps in env steps): the episodes
+    that finished during the task, whole episodes even when they began in an earlier task."""
+    n = len(stats.returns)
+    return {
+        "real_episode_count": n,
+        "step_count": int(step_count),
+        "avg_time_per_episode": float(np.mean(stats.durations)) if n else 0.0,
+        "avg_step_per_episode": float(np.mean(stats.lengths)) if n else 0.0,
+        "min_step_per_episode": int(min(stats.lengths)) if n else 0,
+        "max_step_per_episode": int(max(stats.lengths)) if n else 0,
+        "avg_time_per_step": seconds / step_count if step_count else 0.0,
+        "reward_mean": float(np.mean(stats.returns)) if n else 0.0,
+        "reward_std": float(np.std(stats.returns)) if n else 0.0,
+        "policy_version": int(policy_version),
+        "eval_flag": bool(eval_flag),
+        "duration": round(seconds, 3),
+    }
 
-    def __init__(self, env_num: int) -> None:
-        self.ret = np.zeros(env_num)
-        self.len = np.zeros(env_num, dtype=np.int64)
-        self.start = np.full(env_num, time.time())
-        self.returns: list[float] = []
-        self.lengths: list[int] = []
-        self.durations: list[float] = []
 
-    def step(self, reward: np.ndarray, done: np.ndarray, count: np.ndarray | None = None) -> None:
-        """Add one vector step; close episodes where ``done`` (and ``count`` allows, if given)."""
-        self.ret += reward
-        self.len += 1
-        if done.any():
-            now = time.time()
-            for i in np.flatnonzero(done):
-                if count is None or count[i]:
-                    self.returns.append(float(self.ret[i]))
-                    self.lengths.append(int(self.len[i]))
-                    self.durations.append(now - self.start[i])
-                self.ret[i], self.len[i], self.start[i] = 0.0, 0, now
+def build_live_envs(cfg: EasyDict, task: dict) -> LiveEnvs:
+    """A task's vector env (``env.collector_env_num`` training envs, or ``env.evaluator_env_num``
+    eval envs without the training-only wrappers) with its spaces and a collect- or eval-mode
+    policy on the CPU, not yet reset.
 
-    def finish_info(self, step_count: int, seconds: float, policy_version: int, eval_flag: bool) -> dict[str, Any]:
-        """The seed's finish info (times in seconds, steps in env steps)."""
-        n = len(self.returns)
-        return {
-            "real_episode_count": n,
-            "step_count": int(step_count),
-            "avg_time_per_episode": float(np.mean(self.durations)) if n else 0.0,
-            "avg_step_per_episode": float(np.mean(self.lengths)) if n else 0.0,
-            "avg_time_per_step": seconds / step_count if step_count else 0.0,
-            "reward_mean": float(np.mean(self.returns)) if n else 0.0,
-            "reward_std": float(np.std(self.returns)) if n else 0.0,
-            "policy_version": int(policy_version),
-            "eval_flag": bool(eval_flag),
-            "duration": round(seconds, 3),
-        }
+    Raises:
+        workers.envs.EnvError: the env cannot be built (names ``env.env_id``).
+        common.spaces.SpaceError: the env's spaces disagree with the config.
+    """
+    is_eval = bool(task["eval_flag"])
+    env_num = cfg.env.evaluator_env_num if is_eval else cfg.env.collector_env_num
+    spaces.import_env_modules(list(cfg.env.import_names))
+    env = make_vector_env(cfg.env, env_num, train=not is_eval)
+    try:
+        spec = spaces.from_spaces(cfg.env.env_id, env.single_observation_space, env.single_action_space)
+        spaces.check_model(cfg, spec)
+        policy = create_policy(cfg, spec, modes=("eval",) if is_eval else ("collect",), device="cpu")
+    except Exception:
+        env.close()
+        raise
+    return LiveEnvs(env=env, spec=spec, policy=policy, episodes=EpisodeStats(env_num),
+                    idle_s=float(cfg.policy.collect.collector.env_idle_s), built_by=task["task_id"])
 
 
 class Collector:
-    """One collector task's rollout loop (train or eval), talking to Redis through ``comm``.
+    """One collector task's rollout loop (train or eval) on envs it borrows (``live``; without
+    them it builds its own and closes them at its end), talking to Redis through ``comm``.
 
     Algorithm-free: acting, the transition rows and exploration belong to the policy
-    (common/policy/base.py); the task's ``collect_setting`` is handed to it unread.
+    (common/policy/base.py); the collect setting is handed to it unread, and kept current from
+    what every flush reads back (the coordinator's ``rqrl:{exp}:collect_setting``).
     """
 
-    def __init__(self, cfg: EasyDict, task: dict, comm: RedisCommCollector) -> None:
+    def __init__(self, cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs | None = None) -> None:
         self._cfg = cfg
         self._task = task
         self._comm = comm
+        self._owns_envs = live is None
+        live = build_live_envs(cfg, task) if live is None else live
+        self._live = live
         self._eval = bool(task["eval_flag"])
         torch.set_num_threads(cfg.policy.collect.collector.torch_threads)
         torch.manual_seed(int(task.get("seed", 0)))
         self._rng = np.random.default_rng(int(task.get("seed", 0)))
-        env_num = cfg.env.evaluator_env_num if self._eval else cfg.env.collector_env_num
-        spaces.import_env_modules(list(cfg.env.import_names))
-        self._env = make_vector_env(cfg.env, env_num, train=not self._eval)
-        try:
-            self._spec = spaces.from_spaces(cfg.env.env_id, self._env.single_observation_space,
-                                            self._env.single_action_space)
-            spaces.check_model(cfg, self._spec)
-            self._policy = create_policy(cfg, self._spec, modes=("eval",) if self._eval else ("collect",), device="cpu")
-        except Exception:
-            self._env.close()
-            raise
-        self._on_policy = algorithm_of(cfg).data_source == "on_policy"
+        self._env, self._spec, self._policy = live.env, live.spec, live.policy
+        self._algorithm = algorithm_of(cfg)
+        self._on_policy = self._algorithm.data_source == "on_policy"
         # Image fields travel as distinct frames (common/frames.py), compressed per the config.
         self._framed = frames.framed_fields(self._spec, self._policy.schema()) if not self._eval else []
         self._codec = chunk_codec.resolve(str(cfg.policy.collect.collector.compression), self._spec.obs_kind == "image")
-        self._env_num = env_num
+        self._env_num = self._env.num_envs
         self.policy_version = -1  # version of the weights held; set by the first policy fetch
         self.update_delays: list[float] = []  # seconds from each publication to acting with it
+        self.setting_delays: list[float] = []  # seconds from each new collect setting to acting with it
+        self._setting_raw: bytes | None = None
+        self.capped = False  # an eval stopped at its env-step cap
 
-    def _refresh_policy(self) -> None:
+    def _refresh_policy(self, at_start: bool = False) -> None:
         weights = self._comm.get_policy_update_info()
         if weights is not None:
             self._policy.set_weights(weights)
             self.policy_version = int(self._comm.policy_version)
-            # Publication -> acting with it (wall clocks of two hosts: skew adds to this figure).
-            self.update_delays.append(max(0.0, time.time() - self._comm.policy_published_at))
+            if not at_start:  # a fetch at the start measures how old the policy was, not propagation
+                # Publication -> acting with it (wall clocks of two hosts: skew adds to this figure).
+                self.update_delays.append(max(0.0, time.time() - self._comm.policy_published_at))
 
     def run(self) -> dict[str, Any]:
-        """Run the task to its end; returns the finish info (plus ``policy_update_delay_p50_ms`` / ``p95``).
+        """Run the task to its end; returns the finish info (plus ``policy_update_delay_p50_ms`` /
+        ``p95`` and, for training tasks, ``setting_delay_p50_ms`` / ``p99``).
 
         Raises:
             TimeoutError: no policy was published within ``collector.policy_wait_s`` seconds.
         """
+        try:
+            return self._run()
+        finally:
+            if self._owns_envs:
+                self._live.close()
+
+    def _run(self) -> dict[str, Any]:
+        live = self._live
         replay_key = self._task.get("eval_policy_key")
         if replay_key:  # a confirmation eval: exactly the weights an earlier eval played
             saved = export.load(io.BytesIO(self._comm.load_evaluated(replay_key)))
             self._policy.set_weights({k: v.numpy() for k, v in saved["weights"].items()})
             self.policy_version = int(saved["train_iter"])
             self._comm.policy_envstep = int(saved.get("envstep", 0))
+            live.policy_version = -1  # not a published version: the next task fetches one
         else:
-            self._comm.wait_for_policy(float(self._cfg.policy.collect.collector.policy_wait_s))
-            self._refresh_policy()
-        start = time.time()
+            if live.policy_version >= 0 and not self._eval:
+                # Envs kept from an earlier task hold that task's weights: fetch only a newer version.
+                self.policy_version = self._comm.policy_version = live.policy_version
+            else:
+                self._comm.wait_for_policy(float(self._cfg.policy.collect.collector.policy_wait_s))
+            self._refresh_policy(at_start=True)
+        start, cpu0 = time.time(), time.process_time()
         self.ready_at = time.perf_counter()
-        try:
-            steps, stats = self._run_eval() if self._eval else self._run_train()
-        finally:
-            self._env.close()
-        info = stats.finish_info(steps, time.time() - start, self.policy_version, self._eval)
+        steps = self._run_eval() if self._eval else self._run_train()
+        if not replay_key:
+            live.policy_version = self.policy_version
+        info = finish_info(live.episodes, steps, time.time() - start, self.policy_version, self._eval)
         info["policy_envstep"] = int(self._comm.policy_envstep)
+        info["cpu_s"] = round(time.process_time() - cpu0, 3)  # this process's CPU seconds while the task ran
         if self._eval:  # what was played is what the coordinator may export
             info["confirmation"] = bool(replay_key)
+            info["eval_capped"] = self.capped
             bundle = export.bundle(self._policy, self.policy_version)
             bundle["envstep"] = info["policy_envstep"]
             self._comm.store_evaluated(export.to_bytes(bundle), self.policy_version)
-        delays = self.update_delays[1:]  # the first fetch measures how old the policy was at task start
-        if delays:
-            info["policy_update_delay_p50_ms"] = round(float(np.percentile(delays, 50)) * 1000, 2)
-            info["policy_update_delay_p95_ms"] = round(float(np.percentile(delays, 95)) * 1000, 2)
+        for name, values, pcts in (("policy_update_delay", self.update_delays, (50, 95)),
+                                   ("setting_delay", self.setting_delays, (50, 99))):
+            for q in pcts if values else ():
+                info[f"{name}_p{q}_ms"] = round(float(np.percentile(values, q)) * 1000, 2)
         return info
 
-    def _run_train(self) -> tuple[int, EpisodeStats]:
-        cfg = self._cfg
+    def _follow_setting(self, setting: dict[str, Any]) -> None:
+        """Take the collect setting the last flush read, when it changed (in place: the adder and
+        ``act`` hold this dict). A setting that does not check is logged and ignored."""
+        raw = self._comm.collect_setting_raw
+        if raw is None or raw == self._setting_raw:
+            return
+        first, self._setting_raw = self._setting_raw is None, raw
+        try:
+            doc = json.loads(raw)
+            new = dict(doc["setting"])
+            self._algorithm.check_setting(new)
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("task %s: ignoring the collect setting at %s (%s: %s)", self._task["task_id"],
+                        keys.collect_setting(task_namespace(self._task)), type(e).__name__, e)
+            return
+        if not first:  # the first read may be older than the task; later ones are news
+            self.setting_delays.append(max(0.0, time.time() - float(doc.get("ts", time.time()))))
+        setting.clear()
+        setting.update(new)
+
+    def _run_train(self) -> int:
+        cfg, live = self._cfg, self._live
         env_id = cfg.env.env_id
+        c = cfg.policy.collect.collector
         setting = dict(self._task["collect_setting"])
-        budget = int(cfg.policy.collect.collector.task_env_steps)
+        budget = int(c.task_env_steps)
+        deadline = time.monotonic() + float(c.task_max_seconds)
         adder = self._policy.make_adder(self._env_num, setting)
         # On-policy rows go out as soon as the adder emits a rollout: its version is current now.
         chunk = ChunkBuilder(1 if self._on_policy else int(cfg.policy.collect.n_sample))
-        stats = EpisodeStats(self._env_num)
-        obs, _ = self._env.reset(seed=env_seeds(int(self._task.get("seed", 0)), self._env_num))
-        obs = self._spec.obs_batch(obs)
+        stats = live.episodes
+        stats.new_task()
+        if live.obs is None:  # the run's first task on these envs
+            obs, _ = self._env.reset(seed=env_seeds(int(self._task.get("seed", 0)), self._env_num))
+            live.obs = self._spec.obs_batch(obs)
+            stats.restart()
+        obs = live.obs
         steps = steps_at_last_send = 0
         base_envstep = int(self._task.get("envstep", 0))
 
@@ -211,44 +266,55 @@ class Collector:
             })
             steps_at_last_send = steps
             newer = self._comm.flush()
+            self._follow_setting(setting)
             # On-policy data is only useful from the version the learner trains next: wait for it.
             if self._on_policy and not self._comm.stop_flag and steps < budget:
-                newer = self._comm.wait_for_policy_update(float(cfg.policy.collect.collector.policy_wait_s))
+                newer = self._comm.wait_for_policy_update(float(c.policy_wait_s))
             if newer:
                 self._refresh_policy()
 
-        while steps < budget and not self._comm.stop_flag:
+        while steps < budget and not self._comm.stop_flag and time.monotonic() < deadline:
             env_action, record = self._policy.act(obs, setting, self._rng)
             next_obs, reward, terminated, truncated, info = step(self._env, env_id, env_action)
             next_obs = self._spec.obs_batch(next_obs)
             done = terminated | truncated
             real_next = true_next_obs(next_obs, done, info, self._spec)
-            stats.step(reward, done)
+            stats.step(reward, episode_ends(done, info))  # whole games, where a lost life is terminal for learning
             steps += self._env_num
             if chunk.add(adder.add(obs, record, reward, real_next, terminated, truncated), self.policy_version):
                 send()
             obs = next_obs
-        # Episodes cut by the task's end are not terminal: the adder bootstraps them from obs.
+        # The task's end is not the episodes': the adder bootstraps them from obs, and the next
+        # task of the run continues them from there (live.obs).
         chunk.add(adder.flush(obs), self.policy_version)
         if chunk.size or steps > steps_at_last_send:
             send()
-        return steps, stats
+        live.obs = obs
+        return steps
 
-    def _run_eval(self) -> tuple[int, EpisodeStats]:
+    def _run_eval(self) -> int:
         cfg = self._cfg
+        ev = cfg.policy.eval.evaluator
         n_episode = int(self._task.get("eval_episodes") or cfg.env.n_evaluator_episode)
         # Fixed per-env quotas: counting "the first N episodes to finish" would favour short ones.
         quota = np.full(self._env_num, n_episode // self._env_num)
         quota[: n_episode % self._env_num] += 1
         done_count = np.zeros(self._env_num, np.int64)
-        stats = EpisodeStats(self._env_num)
+        stats = self._live.episodes
+        stats.new_task()
+        # Every eval plays fresh episodes from its own seeds, on envs built once per run.
         obs, _ = self._env.reset(seed=env_seeds(int(self._task.get("seed", 0)), self._env_num))
+        stats.restart()
         steps = 0
-        deadline = time.time() + float(cfg.policy.eval.evaluator.max_episode_seconds) * max(1, quota.max())
+        cap = int(ev.max_env_steps)
+        deadline = time.time() + float(ev.max_episode_seconds) * max(1, quota.max())
         while (done_count < quota).any():
             if self._comm.poll_stop() or time.time() > deadline:
                 break
-            env_action = self._policy.act_eval(self._spec.obs_batch(obs))
+            if cap and steps >= cap:
+                self.capped = True
+                break
+            env_action = self._policy.act_eval(self._spec.obs_batch(obs), self._rng)
             obs, reward, terminated, truncated, _ = step(self._env, cfg.env.env_id, env_action)
             check_finite(cfg.env.env_id, reward, *([obs] if self._spec.obs_kind == "box" else []))
             done = terminated | truncated
@@ -256,17 +322,42 @@ class Collector:
             stats.step(reward, done, counts)
             done_count += (done & counts).astype(np.int64)
             steps += int(counts.sum())
-        return steps, stats
+        return steps
+
+
+def _notice_no_env_cache(conn: Any) -> None:
+    """Say once per worker (a Redis key, SET NX, remembers it across work-horses) that a forking
+    worker rebuilds and resets envs at every task."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    name = getattr(job, "worker_name", None)
+    if not name:
+        return
+    try:
+        first = bool(conn.set(keys.worker_notice(name), "1", nx=True, ex=86400))
+    except ValueError:  # a worker name that is no key component: say it every time
+        first = True
+    if first:
+        log.warning("worker %s runs each collector task in a fresh work-horse, so envs are built and reset at every "
+                    "task and episodes longer than a task are cut at its end; start collector workers with "
+                    "-w workers.worker.CollectorWorker to keep envs between tasks (docs/architecture.md)", name)
 
 
 def run_collector_task(task: dict) -> dict[str, Any]:
     """RQ job function for queue ``collector``: run one collector or eval task to its end.
 
+    On a :class:`workers.worker.CollectorWorker` the task borrows its run's envs from the
+    worker's cache (workers/live_envs.py) and leaves them for the next task of the run; in a
+    forking worker it builds its own and closes them at its end.
+
     Args:
         task: plain dict from :meth:`coordinator.commander.SoloCommander.get_collector_task`.
 
     Returns:
-        The finish info (also sent as a ``finished`` event on ``rqrl:{exp}:events``).
+        The finish info (also sent as a ``finished`` event on ``rqrl:{exp}:events``), with
+        ``env_built`` (this task built its envs), ``episodes_cut`` (training episodes this task
+        left unfinished that no later task continues) and ``setup_s``.
 
     Raises:
         workers.task.TaskError: a malformed task. Any error is also reported as a ``failed``
@@ -278,16 +369,29 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     exp, task_id = task_namespace(task), task["task_id"]
     check_current(conn, task)
     comm = RedisCommCollector(conn, task, cfg.policy.collect.collector.data_ttl)
+    cache = live_envs.CACHE
+    key = (exp, task["run_id"], "eval" if task["eval_flag"] else "train")
     try:
         with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
             comm.deal_with_collector_start()
             try:
-                collector = Collector(cfg, task, comm)
-                info = collector.run()
+                if cache is None:
+                    if not task["eval_flag"]:
+                        _notice_no_env_cache(conn)
+                    live = build_live_envs(cfg, task)
+                    try:
+                        info = _run(cfg, task, comm, live, t_entry)
+                        info["episodes_cut"] = 0 if task["eval_flag"] or comm.stop_flag else live.episodes.running
+                    finally:
+                        live.close()
+                else:
+                    with cache.borrow(key, lambda: build_live_envs(cfg, task)) as live:
+                        info = _run(cfg, task, comm, live, t_entry)
+                        info["episodes_cut"] = 0
+                    if comm.stop_flag:  # the run is ending: its envs are not needed again
+                        cache.close_run(exp, task["run_id"])
             finally:
                 comm.close()
-            # Task start-up: config, env build, policy wait and first fetch (seconds).
-            info["setup_s"] = round(collector.ready_at - t_entry, 4)
             info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
             info["policy_errors"] = comm.policy_errors
             comm.deal_with_collector_close(info)
@@ -298,3 +402,12 @@ def run_collector_task(task: dict) -> dict[str, Any]:
         events.emit(conn, exp, "failed", task_id, "collector", error=f"{type(e).__name__}: {e}"[:2000],
                     eval_flag=bool(task.get("eval_flag")))
         raise
+
+
+def _run(cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs, t_entry: float) -> dict[str, Any]:
+    collector = Collector(cfg, task, comm, live)
+    info = collector.run()
+    info["env_built"] = live.built_by == task["task_id"]
+    # Task start-up: config, env build (on a run's first task), policy wait and fetch (seconds).
+    info["setup_s"] = round(collector.ready_at - t_entry, 4)
+    return info

@@ -54,7 +54,8 @@ class RedisCommCollector:
         self._updates_channel = keys.policy_updates(self._exp, task["policy_id"])
         self._lease = keys.lease(self._exp, self._task_id)
         self._chunk_keys = [self._lease, "", self._meta_stream, keys.envstep(self._exp),
-                            keys.buffer_stats(self._exp, task["buffer_id"]), self._policy_key, keys.stop(self._exp), ""]
+                            keys.buffer_stats(self._exp, task["buffer_id"]), self._policy_key, keys.stop(self._exp), "",
+                            keys.collect_setting(self._exp)]
         self._pending: dict[str, Any] = {}
         self._staged: list[Chunk] = []
         self._pubsub = None
@@ -67,12 +68,18 @@ class RedisCommCollector:
         self.policy_errors = 0  # unreadable policy publications skipped (corrupt, wrong type, non-finite)
         self._bad_version: int | None = None  # the last version found unreadable: not read again
         self._ready: tuple[int, float, dict[str, np.ndarray], int] | None = None  # read by wait_for_policy
+        # The run's collect setting as the last flush read it: raw JSON bytes (None: never written).
+        self.collect_setting_raw: bytes | None = None
 
     # -- the seed's interface -------------------------------------------------------------
     def deal_with_collector_start(self) -> None:
-        """Announce the task: a ``started`` event with the worker's host and pid."""
+        """Announce the task: a ``started`` event with the host, pid and RQ worker name running it."""
+        from rq import get_current_job
+
+        job = get_current_job()
         events.emit(self._conn, self._exp, "started", self._task_id, "collector",
-                    host=socket.gethostname(), pid=os.getpid(), eval_flag=bool(self._task["eval_flag"]))
+                    host=socket.gethostname(), pid=os.getpid(), worker=getattr(job, "worker_name", None) or "",
+                    eval_flag=bool(self._task["eval_flag"]))
 
     def deal_with_collector_close(self, finish_info: dict[str, Any]) -> None:
         """Report the seed's finish info in a ``finished`` event."""
@@ -234,7 +241,7 @@ class RedisCommCollector:
     # -- batching -------------------------------------------------------------------------
     def flush(self, max_wait_s: float = 30.0) -> bool:
         """Send the staged chunks with their metadata in one round trip (each chunk atomically); read
-        the policy version, limit and stop flag.
+        the policy version, limit, stop flag and the run's collect setting (:attr:`collect_setting_raw`).
 
         Blocks (pub/sub, at most ``max_wait_s`` seconds) while the collectors are ahead of the
         learner's ``envstep_limit``.
@@ -249,7 +256,7 @@ class RedisCommCollector:
         staged, self._staged = self._staged, []
         if not staged:
             raise ValueError(f"task {self._task_id}: flush needs send_stepdata and send_metadata first")
-        _, counter, version_raw, limit_raw, stop, policy_error = send_chunks(
+        _, counter, version_raw, limit_raw, stop, policy_error, self.collect_setting_raw = send_chunks(
             self._conn, staged, self._data_ttl, streams.DEFAULT_MAXLEN)
         self.stop_flag = bool(stop)
         if policy_error:

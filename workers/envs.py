@@ -65,3 +65,14 @@ def check_finite(env_id: str, *arrays: np.ndarray) -> None:
     for a in arrays:
         if not np.all(np.isfinite(a)):
             raise EnvError(f"env {env_id!r} returned a non-finite value (NaN or inf)")
+
+
+def episode_ends(done: np.ndarray, info: dict[str, Any]) -> np.ndarray:
+    """Where an episode really ended: ``done`` bool (E,), except where the env says its game goes
+    on (a life lost under the Atari preset's episodic-life wrapper, common/atari.py: terminal for
+    learning, ``info["game_over"]`` False). Training statistics count whole games with it."""
+    final = info.get("final_info")
+    if not done.any() or not isinstance(final, dict) or "game_over" not in final:
+        return done
+    known = np.asarray(final.get("_game_over", np.ones_like(done)), bool)
+    return done & ~(known & ~np.asarray(final["game_over"], bool))

@@ -466,7 +466,7 @@ def _train_with(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, group: 
         for position, freq in (("before_run", 1), ("after_iter", send_freq)):
             learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq,
                                                     source.envstep_limit, lease_key))
-    t_start = time.time()
+    t_start, cpu_start = time.time(), time.process_time()
 
     def stats() -> dict[str, Any]:
         r = source.reader
@@ -474,7 +474,8 @@ def _train_with(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, group: 
         out = {**source.stats(), "chunks": r.chunks if r else 0, "expired": r.expired if r else 0,
                "corrupt": r.corrupt if r else 0, "malformed": r.malformed if r else 0,
                **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
-               "train_iter_per_sec": round(learner.train_iter / elapsed, 2)}
+               "train_iter_per_sec": round(learner.train_iter / elapsed, 2),
+               "cpu_s": round(time.process_time() - cpu_start, 2)}  # the learner process's CPU seconds
         if group is not None:  # rank 0's own share of the data, and the cost of averaging gradients
             out.update(learner_num=group.world_size, allreduce_share=round(group.allreduce_seconds / elapsed, 4))
         return out

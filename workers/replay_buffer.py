@@ -92,23 +92,28 @@ class ReplayBuffer:
         if self._framed and not frames.is_packed(chunk):
             chunk = frames.pack(chunk, self._framed)
         with self._lock:
+            if n > self.capacity:  # only the last `capacity` rows would stay: store no frames for the others
+                chunk = {k: v[n - self.capacity:] if k in self._schema else v for k, v in chunk.items()}
             rows = dict(chunk)
             if self._frames is not None:
                 rows.update(self._frames.add(chunk))
-                self._evict(self._frames.oldest_usable_t0())
-            idx = (self._next + np.arange(n)) % self.capacity
+            m = min(n, self.capacity)
+            idx = (self._next + np.arange(m)) % self.capacity
             for name, arr in self._data.items():
                 arr[idx] = rows[name]
-            self._next = int((self._next + n) % self.capacity)
-            self._size = min(self.capacity, self._size + n)
+            self._next = int((self._next + m) % self.capacity)
+            self._size = min(self.capacity, self._size + m)
             self.pushed += n
             self._inserted(idx)
+            if self._frames is not None:  # after the insert: the chunk's own frames may have overwritten some
+                self._evict(self._frames.oldest_intact())
 
-    def _evict(self, t0_min: int) -> None:
-        """Drop the oldest rows whose frames the store has overwritten (rows are FIFO in ``_t0``)."""
-        t0 = self._data[frames.T0]
+    def _evict(self, intact: int) -> None:
+        """Drop the oldest rows that reference a frame numbered below ``intact`` (overwritten): rows
+        are nondecreasing in ``_oldest`` from the oldest to the newest, so these are a prefix."""
+        oldest = self._data[frames.OLDEST]
         drop = 0
-        while drop < self._size and t0[(self._next - self._size + drop) % self.capacity] < t0_min:
+        while drop < self._size and oldest[(self._next - self._size + drop) % self.capacity] < intact:
             drop += 1
         if drop:
             gone = (self._next - self._size + np.arange(drop)) % self.capacity
@@ -122,7 +127,7 @@ class ReplayBuffer:
         """Called under the lock with slots dropped before the ring reached them (their frames go)."""
 
     def _rows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        out = {k: v[idx] for k, v in self._data.items() if k != frames.T0}
+        out = {k: v[idx] for k, v in self._data.items() if k != frames.OLDEST}
         if self._frames is not None:
             for name in self._framed:
                 out[name] = self._frames.gather(out[name], self._schema[name][0])
@@ -147,12 +152,20 @@ class ReplayBuffer:
 class FrameStore:
     """The frames of a replay buffer's image fields, each kept once (a ring of H x W uint8 frames).
 
-    Frame ``s`` (numbered from 0 over the store's life) sits in slot ``s % frame_capacity``. A
-    chunk's distinct frames (common/frames.py) are matched by content against the last
-    :data:`WINDOW` frames stored (consecutive chunks of one env share their stacked frames) and
-    stored only when new. A row references frames numbered at least ``_t0 - WINDOW``, where
-    ``_t0`` is the store's count when the row arrived; the buffer drops rows whose frames are
-    about to be overwritten (:meth:`oldest_usable_t0`).
+    Frame ``s`` (numbered from 0 over the store's life) sits in slot ``s % size`` until frame
+    ``s + size`` takes the slot. A chunk's distinct frames (common/frames.py) are matched by
+    content against the last :data:`WINDOW` frames stored (consecutive chunks of one env share
+    their stacked frames; reset frames recur) and stored only when new.
+
+    Each row gets ``_oldest``, a lower bound on its frame numbers that never decreases from one
+    row to the next in insertion order: the smallest frame number of the row and of the later rows
+    of its chunk, capped at ``total - WINDOW`` after the chunk (later chunks match only frames at
+    or above that). The buffer drops rows, oldest first, while ``_oldest < total - size``
+    (:meth:`oldest_intact`), so no kept row references a slot that another frame took, however
+    far apart a frame recurs. A match is refused (the frame stored again) where the chunk's own
+    new frames could take its slot, so a chunk's newest rows are kept unless the chunk holds
+    more distinct frames than the store. The dedup index (hash -> frame numbers) holds the frames
+    numbered ``>= total - WINDOW``: at most ``WINDOW + 1`` entries.
     """
 
     WINDOW = frames.WINDOW
@@ -163,28 +176,33 @@ class FrameStore:
         self.size = frames.frame_capacity(capacity, frames_per_row)
         self._frames = np.zeros((self.size, *shape[-2:]), np.uint8)
         self.total = 0  # frames stored over the store's life
-        self._recent: dict[int, list[int]] = {}  # hash of a frame's bytes -> frame numbers
+        self._recent: dict[int, list[int]] = {}  # hash of a frame's bytes -> frame numbers in the window
         self._order: list[tuple[int, int]] = []  # (hash, frame number), oldest first, for expiry
         self._order_head = 0
 
     def add(self, chunk: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Store a packed chunk's new frames; returns its framed fields as frame numbers int64 (B, C)
-        and ``_t0`` (B,)."""
-        t0 = self.total
+        """Store a packed chunk's new frames; returns its framed fields as frame numbers int64
+        (B, C) and ``_oldest`` int64 (B,) (class docstring)."""
+        names = chunk[frames.FRAMED]
+        refs = np.concatenate([chunk[name].reshape(len(chunk[name]), -1) for name in names], axis=1)  # (B, K)
+        used = np.unique(refs)
         local = chunk[frames.FRAMES]
-        number = np.empty(len(local), np.int64)
-        for i, f in enumerate(local):
-            number[i] = self._find_or_store(f)
-        out = {name: number[chunk[name]] for name in chunk[frames.FRAMED]}
-        out[frames.T0] = np.full(len(next(iter(out.values()))), t0, np.int64)
+        # The chunk stores at most len(used) new frames: a match below `floor` could lose its slot to them.
+        floor = self.total + len(used) - self.size
+        number = np.zeros(len(local), np.int64)
+        for j in used:
+            number[j] = self._find_or_store(local[j], floor)
+        out = {name: number[chunk[name]] for name in names}
+        oldest = np.minimum.accumulate(number[refs].min(axis=1)[::-1])[::-1]
+        out[frames.OLDEST] = np.minimum(oldest, self.total - self.WINDOW)
         return out
 
-    def _find_or_store(self, frame: np.ndarray) -> int:
+    def _find_or_store(self, frame: np.ndarray, floor: int) -> int:
         raw = frame.tobytes()
         h = hash(raw)
         self._expire()
-        for s in self._recent.get(h, ()):
-            if self._frames[s % self.size].tobytes() == raw:  # equal hashes are confirmed byte for byte
+        for s in reversed(self._recent.get(h, ())):  # newest first
+            if s >= floor and self._frames[s % self.size].tobytes() == raw:  # equal hashes confirmed byte for byte
                 return s
         s = self.total
         self._frames[s % self.size] = frame
@@ -194,7 +212,7 @@ class FrameStore:
         return s
 
     def _expire(self) -> None:
-        """Forget frames older than the window: rows never reference them anew."""
+        """Forget frames older than the window: they are never matched again."""
         lo = self.total - self.WINDOW
         while self._order_head < len(self._order) and self._order[self._order_head][1] < lo:
             h, s = self._order[self._order_head]
@@ -207,9 +225,9 @@ class FrameStore:
             del self._order[: self._order_head]
             self._order_head = 0
 
-    def oldest_usable_t0(self) -> int:
-        """Rows that arrived before the store had stored this many frames may reference overwritten ones."""
-        return self.total - self.size + self.WINDOW
+    def oldest_intact(self) -> int:
+        """The oldest frame number whose slot still holds it; rows whose ``_oldest`` is below must go."""
+        return self.total - self.size
 
     def gather(self, numbers: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """Frame numbers int64 (B, C) -> uint8 (B, *shape) images."""

@@ -1,14 +1,28 @@
-"""An RQ worker class that imports torch, gymnasium and the job modules once, before forking.
+"""RQ worker classes for rqrl: the job modules, torch and gymnasium imported once per worker.
 
-The stock ``rq worker collector`` forks a work-horse per job, and each horse would import
-torch and gymnasium again (~1.5-2 s per task). With ``-w workers.worker.PreloadWorker`` the
-parent imports them once and every forked horse inherits them::
+``PreloadWorker`` is RQ's forking ``Worker`` whose parent imports torch, gymnasium and the job
+modules once, so each forked work-horse inherits them instead of paying ~1.5-2 s of imports
+per task (learners use it)::
 
-    rq worker collector --url redis://head:6379/0 -w workers.worker.PreloadWorker
+    rq worker learner --url redis://head:6379/0 -w workers.worker.PreloadWorker
+
+``CollectorWorker`` runs collector tasks in its own process, one after another (RQ's
+``SimpleWorker``: no fork per job, RQ's job timeout still enforced by its SIGALRM death
+penalty), so it keeps each run's envs between tasks (workers/live_envs.py): an episode outlives
+the task that started it, and a run's envs are built once per worker (one ROM load, not one per
+task)::
+
+    rq worker collector --url redis://head:6379/0 -w workers.worker.CollectorWorker
+
+The plain forking worker still runs collector tasks, rebuilding and resetting envs at every
+task (it says so once in its log). Why in-process rather than envs held by a forking parent:
+see docs/architecture.md ("Envs live on the collector worker").
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 import gymnasium  # noqa: F401  (pre-import for forked work-horses)
@@ -16,11 +30,19 @@ import gymnasium.envs.classic_control  # noqa: F401
 import tensorboard.compat.proto.event_pb2  # noqa: F401  (the learner's TensorBoard writer)
 import tensorboard.summary.writer.event_file_writer  # noqa: F401
 import torch  # noqa: F401
-from rq.worker import Worker
+from rq.worker import SimpleWorker, Worker
 
 import workers.collector  # noqa: F401
 from common.connection import with_retries
 import workers.learner  # noqa: F401
+from workers import live_envs
+
+# A CollectorWorker refreshes its RQ worker key with this TTL (seconds) every third of it: a
+# SimpleWorker's own heartbeat covers a whole job (job timeout + 60 s), so without this a
+# worker killed mid-task would count as live for ~11 minutes (the coordinator sizes the
+# collector task space from the live workers).
+_KEY_TTL_S = 60
+_SWEEP_EVERY_S = 10.0
 
 
 class PreloadWorker(Worker):
@@ -35,3 +57,39 @@ class PreloadWorker(Worker):
         if connection is not None:
             connection = with_retries(connection)
         super().__init__(*args, connection=connection, **kwargs)
+
+
+class CollectorWorker(SimpleWorker):
+    """A non-forking worker that keeps each run's envs between its collector tasks (module docstring).
+
+    At most ``$RQRL_ENV_CACHE_RUNS`` runs' envs (default 2: a sweep shares a fleet) are kept, least
+    recently used out; a run's envs close at its stop flag or after ``collector.env_idle_s``
+    seconds without a task of the run, and all of them when the worker exits. Its Redis client
+    retries as :class:`PreloadWorker`'s does.
+    """
+
+    def __init__(self, *args: Any, connection: Any = None, **kwargs: Any) -> None:
+        if connection is not None:
+            connection = with_retries(connection)
+        super().__init__(*args, connection=connection, **kwargs)
+        self.env_cache = live_envs.enable(int(os.environ.get("RQRL_ENV_CACHE_RUNS", "2")))
+        self._housekeeping_stop = threading.Event()
+        self._housekeeper = threading.Thread(target=self._housekeeping, name="env-cache", daemon=True)
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        self._housekeeper.start()
+        try:
+            return super().work(*args, **kwargs)
+        finally:
+            self._housekeeping_stop.set()
+            self.env_cache.close_all()
+
+    def _housekeeping(self) -> None:
+        """Close envs idle past their ``env_idle_s``; keep the RQ worker key's TTL short."""
+        tick = min(_SWEEP_EVERY_S, _KEY_TTL_S / 3)
+        while not self._housekeeping_stop.wait(tick):
+            self.env_cache.sweep()
+            try:
+                self.connection.expire(self.key, _KEY_TTL_S)
+            except Exception:  # a Redis blip: the next tick retries, the TTL tolerates misses
+                continue

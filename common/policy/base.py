@@ -15,8 +15,8 @@ serve, with ``E`` envs, ``B`` rows and ``*O`` the stored observation shape::
     rows = adder.add(obs, record, reward, next_obs, terminated, truncated)   # {field: (B, ...)} or None
     rows = adder.flush(obs)                              # at the end of the task: bootstrap, not terminal
 
-    # eval task (workers/collector.py) and ``rqrl eval``
-    env_action = policy.act_eval(obs)                    # deterministic: greedy / the mean action
+    # eval task (workers/collector.py) and ``rqrl eval``; rng seeded from the task's / the eval's seed
+    env_action = policy.act_eval(obs, rng)               # obs (E, *O) -> env actions (E, ...)
 
     # learner task (workers/learner.py); how batches are formed is ``algorithm.data_source``:
     #   "replay"     rows sampled from a replay buffer (off-policy: DQN, SAC)
@@ -124,8 +124,13 @@ class Policy(ABC):
         """
 
     @abstractmethod
-    def act_eval(self, obs: np.ndarray) -> np.ndarray:
-        """Eval mode: deterministic env actions for ``obs`` (E, *O)."""
+    def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Eval mode: env actions (E,) or (E, A) for ``obs`` (E, *O), per the algorithm's
+        ``policy.eval`` settings: greedy / the mean action, or with a little randomness from
+        ``rng`` (a DQN's epsilon, a PPO's sampling) so an eval cannot stall in a state the
+        deterministic policy never leaves (an Atari game that waits for FIRE). With the same
+        weights, observations and ``rng`` state the actions are the same.
+        """
 
     @abstractmethod
     def make_adder(self, env_num: int, setting: dict[str, Any]) -> Adder:

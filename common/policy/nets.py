@@ -32,8 +32,9 @@ def mlp(sizes: list[int], activate_last: bool = True) -> nn.Sequential:
 
 def obs_tensor(spec: SpaceSpec, obs: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """Stored observations -> encoder input: one-hot float32 (B, n) for Discrete, flattened
-    float32 (B, obs_dim) for a Box, float32 (B, C, H, W) in [0, 1] for an image (uint8 (B, *O)
-    copied to ``device`` as uint8, then scaled there)."""
+    float32 (B, obs_dim) for a Box, float32 (B, C, H, W) in [0, 1] for an image or grid (uint8
+    (B, *O) copied to ``device`` as uint8, then divided there by ``spec.image_high``: 255 for
+    pixels, the Box's high for a grid)."""
     if spec.obs_kind == "discrete":
         idx = torch.as_tensor(obs, dtype=torch.int64, device=device)
         return F.one_hot(idx, spec.obs_n).to(torch.float32)
@@ -43,7 +44,7 @@ def obs_tensor(spec: SpaceSpec, obs: np.ndarray | torch.Tensor, device: torch.de
             x = x.unsqueeze(1)
         elif spec.obs_layout == "hwc":
             x = x.permute(0, 3, 1, 2)
-        return x.to(torch.float32).mul_(1.0 / 255.0)
+        return x.to(torch.float32).mul_(1.0 / spec.image_high)
     x = torch.as_tensor(obs, dtype=torch.float32, device=device)
     return x.reshape(x.shape[0], -1)
 

@@ -19,7 +19,7 @@ main_config = dict(
         discount_factor=0.97,
         model=dict(hidden_size_list=[128, 128], dueling=True),
         learn=dict(batch_size=64, learning_rate=1e-3, target_update_freq=100, train_iter_per_env_step=0.5),
-        collect=dict(n_sample=128, collector=dict(task_env_steps=1000)),
+        collect=dict(n_sample=128),
         other=dict(
             eps=dict(type="exp", start=0.95, end=0.1, decay=10000),
             replay_buffer=dict(replay_buffer_size=20000, replay_start_size=256),

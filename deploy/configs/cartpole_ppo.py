@@ -22,7 +22,7 @@ main_config = dict(
         model=dict(encoder_hidden_size_list=[64, 64, 128], actor_head_hidden_size=128, critic_head_hidden_size=128),
         learn=dict(epoch_per_collect=2, batch_size=64, learning_rate=1e-3, value_weight=0.5, entropy_weight=0.01,
                    clip_ratio=0.2),
-        collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95, collector=dict(task_env_steps=2048)),
+        collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95),
     ),
     commander=dict(eval_every_train_iter=5, eval_interval=60.0, max_wall_seconds=300.0),
 )

@@ -19,7 +19,7 @@ main_config = dict(
         model=dict(actor_hidden_size_list=[256, 256], critic_hidden_size_list=[256, 256]),
         learn=dict(batch_size=256, learning_rate_q=3e-4, learning_rate_policy=3e-4, learning_rate_alpha=3e-4,
                    target_theta=0.005, train_iter_per_env_step=1.0),
-        collect=dict(n_sample=128, collector=dict(task_env_steps=4000)),
+        collect=dict(n_sample=128),
         other=dict(replay_buffer=dict(replay_buffer_size=1_000_000, replay_start_size=10_000)),
     ),
     commander=dict(eval_every_train_iter=5000, eval_interval=120.0, max_wall_seconds=3600.0),

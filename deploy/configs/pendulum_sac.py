@@ -15,7 +15,7 @@ main_config = dict(
     policy=dict(
         learn=dict(batch_size=128, learning_rate_q=1e-3, learning_rate_policy=1e-3, learning_rate_alpha=3e-4,
                    target_theta=0.005, train_iter_per_env_step=1.0),
-        collect=dict(n_sample=64, collector=dict(task_env_steps=2000)),
+        collect=dict(n_sample=64),
         other=dict(replay_buffer=dict(replay_buffer_size=100_000, replay_start_size=1000)),
     ),
     commander=dict(eval_every_train_iter=500, eval_interval=60.0, max_wall_seconds=600.0),

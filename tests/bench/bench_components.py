@@ -268,15 +268,18 @@ class Bench:
         --burst``: per job, the time inside the work-horse (RQ 3 stamps ``started_at`` there, after
         the fork) and its in-task set-up (config, env build, policy wait and first fetch); per task,
         the worker's time outside the jobs ((worker wall - sum of job times) / tasks: worker start,
-        fork, RQ bookkeeping)."""
+        fork, RQ bookkeeping). ``collector_worker`` runs the tasks in-process and keeps the run's
+        envs: only its first task builds them."""
         n = 4 if self.quick else 10
-        cfg = compile_config({"exp_name": "bench"})
+        # Short tasks, so the per-task costs show: a run's tasks are 20x longer by default.
+        cfg = compile_config({"exp_name": "bench", "policy": {"collect": {"collector": {"task_env_steps": 1000}}}})
         policy = make_policy(cfg)
         out: dict[str, Any] = {"tasks": n, "task_env_steps": int(cfg.policy.collect.collector.task_env_steps)}
         from rq import Queue
         from rq.job import Job
 
-        for label, extra in (("preload_worker", ["-w", "workers.worker.PreloadWorker"]), ("stock_worker", [])):
+        for label, extra in (("collector_worker", ["-w", "workers.worker.CollectorWorker"]),
+                             ("preload_worker", ["-w", "workers.worker.PreloadWorker"]), ("stock_worker", [])):
             self.conn.flushall()
             commander = SoloCommander(cfg, run_id="bench")
             self.conn.set(keys.run("bench"), "bench")

@@ -28,6 +28,13 @@ learner reports ``learner_info`` 20 times a second. Figures:
   (ms, seq) integers). A drain or burst that does not finish within ``--timeout`` seconds
   fails the benchmark (:class:`BenchTimeout`) instead of reporting a rate.
 
+* the long-task model (``--long-sims``): collector tasks last ``--long-task-seconds`` (rqrl's tasks
+  run for up to a minute, their envs kept on the worker) and, while a task works, each simulator
+  reads ``rqrl:{exp}:collect_setting`` every ``--chunk-seconds`` as the chunk script does; the
+  learner's reports move the env steps so the setting (epsilon) changes with every report. Rows
+  (mode ``long tasks``) add the setting's propagation p50 / p99: from the coordinator's write (the
+  ``ts`` it stores) to the first read that saw it.
+
 Needs Redis >= 7.0 (``entries-read`` / ``lag`` in XINFO GROUPS).
 """
 
@@ -112,10 +119,13 @@ def _proc_cpu(pid: int) -> float:
 
 
 def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, timeout: float = 120.0,
-              profile: str | None = None) -> dict:
+              profile: str | None = None, chunk_seconds: float = 0.0) -> dict:
     """One simulation of ``n_sims`` collectors (see module docstring); ``task_seconds`` 0 is the
     saturation run. ``profile``: write the coordinator's cProfile statistics to this file (it
-    slows the coordinator: figures of a profiled run are not comparable)."""
+    slows the coordinator: figures of a profiled run are not comparable). ``chunk_seconds`` > 0:
+    while a task works, each simulator reads ``rqrl:{exp}:collect_setting`` every that many
+    seconds, as a collector's chunk script does, and records how long each new setting took to
+    reach it (the coordinator's write time in the setting to the read that first saw it)."""
     os.environ["RQRL_REDIS_SERVER"] = redis7_server()  # read by EmbeddedRedis
     server = EmbeddedRedis().start()
     url = server.url
@@ -127,10 +137,12 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
                               "--set", "exp_name=bench_coord", "--run-name", "b", "--set", "commander.eval_task_space=0",
                               "--set", "commander.eval_interval=0.0", "--set", "commander.eval_every_train_iter=0",
                               "--set", "commander.heartbeat_timeout=60.0", "--set", "env.stop_value=1e9",
+                              "--set", "policy.other.eps.decay=1000000000000",
                               "--set", f"commander.max_wall_seconds={seconds + 120}"],
                              cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stop = threading.Event()
     latencies: list[float] = []
+    propagation: list[float] = []
     counts = {"events": 0}
     lock = threading.Lock()
 
@@ -143,7 +155,9 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
         it = 0
         while not stop.wait(0.05):
             it += 10
-            events.emit(c, EXP, "learner_info", tid, "learner", train_iter=it, collector_envstep=it * 2)
+            # Env steps well ahead of the finished tasks' count, so the collect setting (epsilon of
+            # the env steps, decaying over 1e12 of them here) changes with every report.
+            events.emit(c, EXP, "learner_info", tid, "learner", train_iter=it, collector_envstep=it * 1000)
             with lock:
                 counts["events"] += 1
 
@@ -164,7 +178,19 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
             pipe.set(keys.heartbeat(EXP, tid), "sim", px=600_000)
             pipe.execute()
             events.emit(c, EXP, "started", tid, "collector")
-            if stop.wait(task_seconds):
+            if chunk_seconds > 0:
+                seen = None
+                end = time.time() + task_seconds
+                while time.time() < end:
+                    raw = c.get(keys.collect_setting(EXP))
+                    if raw is not None and raw != seen:
+                        if seen is not None:  # the first read of a task may find an old setting
+                            with lock:
+                                propagation.append(time.time() - json.loads(raw)["ts"])
+                        seen = raw
+                    if stop.wait(chunk_seconds):
+                        return
+            elif stop.wait(task_seconds):
                 return
             finished_at = time.perf_counter()
             events.emit(c, EXP, "finished", tid, "collector", **_finish_info(0))
@@ -181,6 +207,7 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
         time.sleep(3 + task_seconds + n_sims / 500)
         with lock:
             latencies.clear()
+            propagation.clear()
             e0 = counts["events"]
         g0, cpu0, t0 = group_state(conn, stream), _cpu(conn), time.perf_counter()
         ccpu0 = _proc_cpu(coord.pid)
@@ -191,6 +218,7 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
         with lock:
             sent = (counts["events"] - e0) / wall
             lat = sorted(latencies)
+            prop = sorted(propagation)
         redis_cpu = (_cpu(conn) - cpu0) / wall
         stop.set()
         handled = (g1["handled"] - g0["handled"]) / wall
@@ -234,10 +262,11 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
             coord.kill()
         server.stop()
 
-    def pct(p: float) -> float | None:
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None
+    def pct(p: float, xs: list[float] = lat) -> float | None:
+        return round(xs[min(len(xs) - 1, int(p * len(xs)))] * 1000, 2) if xs else None
 
-    return {"sims": n_sims, "mode": "curve" if task_seconds > 0 else "saturation", "task_seconds": task_seconds,
+    mode = "long tasks" if chunk_seconds > 0 else "curve" if task_seconds > 0 else "saturation"
+    return {"sims": n_sims, "mode": mode, "task_seconds": task_seconds,
             "window_s": round(wall, 2), "offered_events_per_s": None if offered is None else round(offered, 1),
             "sent_events_per_s": round(sent, 1),
             "handled_events_per_s": round(handled, 1), "backlog_start": g0["backlog"], "backlog_end": g1["backlog"],
@@ -245,7 +274,9 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
             "dispatch_p50_ms": pct(0.5), "dispatch_p99_ms": pct(0.99), "redis_cpu_share": round(redis_cpu, 3),
             "coordinator_cpu_share": round(coord_cpu / wall, 3),
             "coordinator_cpu_us_per_event": round(1e6 * coord_cpu / max(1.0, handled * wall), 1),
-            "burst_events": burst, "burst_events_per_s": round(burst_rate)}
+            "burst_events": burst, "burst_events_per_s": round(burst_rate),
+            **({"chunk_seconds": chunk_seconds, "settings_seen": len(prop), "setting_propagation_p50_ms": pct(0.5, prop),
+                "setting_propagation_p99_ms": pct(0.99, prop)} if chunk_seconds > 0 else {})}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -253,6 +284,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256, 1000])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--task-seconds", type=float, default=1.0)
+    ap.add_argument("--long-sims", type=int, nargs="*", default=[],
+                    help="also run these many simulators on the long-task model: tasks of --long-task-seconds, the "
+                         "collect setting read every --chunk-seconds while a task works (rows with mode 'long tasks')")
+    ap.add_argument("--long-task-seconds", type=float, default=30.0)
+    ap.add_argument("--long-window", type=float, default=30.0, help="seconds measured in a long-task run")
+    ap.add_argument("--chunk-seconds", type=float, default=0.1)
     ap.add_argument("--burst", type=int, default=50_000)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to drain or ack a burst before failing")
@@ -269,6 +306,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout, prof)
             rows.append(r)
             print(json.dumps(r), flush=True)
+    for n in args.long_sims:
+        r = run_scale(n, args.long_window, args.long_task_seconds, args.burst, args.timeout,
+                      chunk_seconds=args.chunk_seconds)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
     for _ in range(0 if args.no_saturation else args.repeats):
         r = run_scale(max(args.sims), args.seconds, 0.0, args.burst, args.timeout)
         rows.append(r)

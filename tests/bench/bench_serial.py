@@ -5,8 +5,9 @@ one loop with no Redis — what the distributed run is compared to.
 
 Loop, for any registered algorithm: act with ``policy.act`` (collect setting from the
 algorithm, as the commander hands it out), turn steps into rows with the policy's adder, then
-``replay``: insert into a replay buffer and train while ``train_iter < train_iter_per_env_step *
-env steps`` (once ``replay_start_size`` rows are stored); ``on_policy``: train once on every
+``replay``: insert into a replay buffer and train while the replay ratio allows, by the learner's
+own rule (``workers.sources.replay.ratio_allows``: from ``replay_start_size`` env steps on, one
+iteration, then ``train_iter_per_env_step`` per env step); ``on_policy``: train once on every
 ``n_sample`` rows (one rollout of the current policy). Evaluate deterministically every
 ``commander.eval_every_train_iter`` iterations on ``env.n_evaluator_episode`` episodes; stop at
 ``env.stop_value`` by the commander's rule (a confirming eval of the same weights on
@@ -30,18 +31,21 @@ from common.config import apply_overrides, load_config
 from common.policy import algorithm_of, create_policy
 from workers.envs import make_vector_env, true_next_obs
 from workers.replay_buffer import ReplayBuffer
+from workers.sources.replay import ratio_allows
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def evaluate(policy, cfg, spec, seed: int, episodes: int | None = None) -> np.ndarray:
-    """Returns of ``episodes`` (default ``env.n_evaluator_episode``) deterministic episodes, one env each."""
+    """Returns of ``episodes`` (default ``env.n_evaluator_episode``) eval episodes, one env each
+    (acting as the run's evals: ``policy.eval``, its randomness seeded by ``seed``)."""
     n = int(episodes or cfg.env.n_evaluator_episode)
-    env = make_vector_env(cfg.env, n)
+    env = make_vector_env(cfg.env, n, train=False)
     obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
     returns, ret, done_once = np.zeros(n), np.zeros(n), np.zeros(n, bool)
     while not done_once.all():
-        obs, r, te, tr, _ = env.step(policy.act_eval(spec.obs_batch(obs)))
+        obs, r, te, tr, _ = env.step(policy.act_eval(spec.obs_batch(obs), rng))
         ret += r * ~done_once
         finished = (te | tr) & ~done_once
         returns[finished] = ret[finished]
@@ -79,6 +83,9 @@ def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
     obs = spec.obs_batch(obs)
     envstep = it = 0
     ratio = float(cfg.policy.learn.train_iter_per_env_step)
+    start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)  # as the learner's ReplayFeeder
+    if replay and ratio <= 0:
+        raise ValueError("bench_serial needs policy.learn.train_iter_per_env_step > 0 (it paces the serial loop)")
     eval_every = int(cfg.commander.eval_every_train_iter) or 200
     t0 = time.perf_counter()
     next_eval = eval_every
@@ -100,9 +107,7 @@ def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
         batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         if replay:
             buf.extend(batch)
-            if len(buf) < cfg.policy.other.replay_buffer.replay_start_size:
-                continue
-            while it < ratio * envstep:
+            while ratio_allows(it, envstep, start, ratio):
                 policy.learn(buf.sample(cfg.policy.learn.batch_size, rng))
                 it += 1
         else:

@@ -85,7 +85,8 @@ class Chaos:
 
     def _worker(self, name: str, queue: str) -> None:
         rq = str(Path(sys.executable).with_name("rq"))
-        self._start(name, [rq, "worker", queue, "-w", "workers.worker.PreloadWorker", "--name", f"{self.exp_name}-{name}-{time.time():.0f}"])
+        cls = "CollectorWorker" if queue == keys.COLLECTOR_QUEUE else "PreloadWorker"
+        self._start(name, [rq, "worker", queue, "-w", f"workers.worker.{cls}", "--name", f"{self.exp_name}-{name}-{time.time():.0f}"])
 
     # -- observation -----------------------------------------------------------------------------
     def running_tasks(self) -> dict[str, dict]:
@@ -121,8 +122,9 @@ class Chaos:
         pid = self.started_pid(tid)
         if pid is None:
             return
-        parent = None
-        if with_parent:
+        # A CollectorWorker runs its tasks in its own process: killing the task kills the worker.
+        parent = next((n for n, p in self.procs.items() if p.pid == pid), None)
+        if with_parent and parent is None:
             try:
                 ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
                 parent = next((n for n, p in self.procs.items() if p.pid == ppid), None)
@@ -137,7 +139,9 @@ class Chaos:
         if parent is not None:
             self.procs[parent].kill()
             self.procs[parent].wait()
-        what = f"{kind} work-horse" + (" + rq worker parent" if parent else "")
+        what = f"{kind} work-horse" + (" + rq worker parent" if parent and with_parent else "")
+        if parent and self.procs[parent].pid == pid:
+            what = f"{kind} rq worker (runs its tasks in-process)"
         ended = lambda: bool(self.conn.exists(keys.stop(self.exp)))  # noqa: E731
         detected = self._wait(lambda: tid not in self.running_tasks() or ended(), 30)
         run_ended = tid in self.running_tasks() and ended()

@@ -1,6 +1,6 @@
 """Elastic collectors: the collector task space follows the live ``rq worker collector`` processes.
 
-Real coordinator, real ``rq worker`` processes (PreloadWorker), real Redis, no cap
+Real coordinator, real ``rq worker`` processes (CollectorWorker, PreloadWorker), real Redis, no cap
 (``commander.collector_task_space`` unset) and the eval slot on (``eval_task_space=1``). The run
 starts with two collector workers: one trains, one is kept free for evals. Two more join
 mid-run: three training tasks then run at once, and evals still find a free worker. One worker
@@ -24,7 +24,7 @@ import pytest
 from rq import Queue, Worker
 
 from common import keys, streams
-from tests.conftest import REPO, rq_bin, worker_env
+from tests.conftest import REPO, WORKER_CLASS, rq_bin, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -84,7 +84,7 @@ def test_task_space_follows_collector_workers(real_redis, redis_server, tmp_path
     procs: dict[str, subprocess.Popen] = {}
 
     def worker(name: str, queue: str) -> None:
-        procs[name] = subprocess.Popen([rq_bin(), "worker", queue, "-w", "workers.worker.PreloadWorker",
+        procs[name] = subprocess.Popen([rq_bin(), "worker", queue, "-w", WORKER_CLASS[queue],
                                         "--name", f"{exp}-{name}"], cwd=tmp_path, env=env,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 

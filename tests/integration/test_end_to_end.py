@@ -74,18 +74,22 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
 
 
 def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
-    """The multi-terminal recipe of the README: python -m coordinator + plain `rq worker` (no -w)."""
+    """The multi-terminal recipe of the README with plain `rq worker` (no -w): the stock forking
+    worker rebuilds envs at every task, so 50-step tasks per env cut CartPole's episodes, and the
+    run still converges; each collector worker's log says once that it cannot keep envs."""
     url = redis_server.url
     conn = connect(url)
     conn.flushall()
     exp = f"byhand_{os.getpid()}"
     env = worker_env(url)
+    logs = [tmp_path / f"worker{i}.log" for i in range(3)]
     workers = [subprocess.Popen([rq_bin(), "worker", q, "--url", url, "--name", f"{exp}-{q}-{i}"], env=env, cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=open(logs[i], "wb"), stderr=subprocess.STDOUT)
                for i, q in enumerate(["learner", "collector", "collector"])]
     try:
         coord = subprocess.run([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--set", f"exp_name={exp}",
-                                "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=150"],
+                                "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=150",
+                                "--set", "policy.collect.collector.task_env_steps=400"],
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
         assert coord.returncode == 0, coord.stdout + coord.stderr[-3000:]
         # Readable metadata on the buffer stream, as `redis-cli XRANGE` shows it.
@@ -94,6 +98,12 @@ def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
         fields = {k.decode(): v.decode() for k, v in entries[0][1].items()}
         assert {"data_id", "policy_version", "n_samples", "env_steps"} <= set(fields)
         assert int(fields["n_samples"]) > 0
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+            w.wait(timeout=20)
+        for log in logs[1:]:  # the collector workers
+            text = log.read_text()
+            assert text.count("envs are built and reset at every task") == 1, text[-3000:]
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)

@@ -53,3 +53,19 @@ def test_forked_workers_are_rq_workers_and_leave_with_the_run(tmp_path, redis_se
     assert [w.name for w in Worker.all(connection=conn) if w.name.startswith(f"{exp}-")] == []
     assert [p.pid for p in psutil.process_iter(["cmdline"]) if exp in " ".join(p.info["cmdline"] or [])
             and p.pid != os.getpid()] == []
+
+
+def test_a_collector_worker_killed_by_its_env_is_started_again(tmp_path, redis_server):
+    """A collector worker runs its tasks, and their envs, in its own process: an env that kills the
+    process (a segfault, here SIGKILL) takes the worker down. rqrl train forks it again, the task
+    is replaced, and the run goes on to its budget."""
+    marker = tmp_path / "killed"
+    exp = f"respawn_{os.getpid()}"
+    res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
+                          "--set", f"exp_name={exp}", "--set", "env.env_id=tests.fixtures.bad_envs:KillingCartPole-v0",
+                          "--set", f"env.env_kwargs={{'marker': '{marker}'}}", "--set", "env.stop_value=100000",
+                          "--set", "commander.max_env_step=3000", "--collectors", "1"],
+                         cwd=tmp_path, env=worker_env(""), capture_output=True, text=True, timeout=240)
+    assert marker.exists(), "the env never killed its worker"
+    assert res.returncode == 2 and "max_env_step 3000 reached" in res.stdout, res.stdout + res.stderr[-3000:]
+    assert "; starting it again" in res.stderr, res.stderr[-3000:]

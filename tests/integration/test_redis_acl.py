@@ -29,7 +29,7 @@ import pytest
 import redis
 
 from common.embedded_redis import EmbeddedRedis, find_redis_server, free_port
-from tests.conftest import REPO, rq_bin, worker_env
+from tests.conftest import REPO, WORKER_CLASS, rq_bin, worker_env
 
 pytestmark = pytest.mark.redis_server
 
@@ -182,7 +182,7 @@ def test_rq_enqueue_and_burst_worker_as_rqrl_user(acl_server, tmp_path):
     assert q.count == 2
 
     env = worker_env(s.url)
-    res = subprocess.run([rq_bin(), "worker", "collector", "--burst", "-w", "workers.worker.PreloadWorker"],
+    res = subprocess.run([rq_bin(), "worker", "collector", "--burst", "-w", WORKER_CLASS["collector"]],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert ok.get_status(refresh=True) == JobStatus.FINISHED, res.stderr[-3000:]
@@ -241,11 +241,11 @@ def test_rqrl_user_is_denied_outside_its_rights(acl_server):
 @needs_binary
 @pytest.mark.slow
 def test_training_run_as_rqrl_user(acl_server, tmp_path):
-    """Coordinator + PreloadWorker collector and learner, all as the rqrl user, until convergence."""
+    """Coordinator + CollectorWorker collector and PreloadWorker learner, all as the rqrl user, until convergence."""
     s = acl_server
     env = worker_env(s.url)
     exp = f"acl_{os.getpid()}"
-    workers = [subprocess.Popen([rq_bin(), "worker", q, "-w", "workers.worker.PreloadWorker", "--name", f"{exp}-{q}"],
+    workers = [subprocess.Popen([rq_bin(), "worker", q, "-w", WORKER_CLASS[q], "--name", f"{exp}-{q}"],
                                 env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                for q in ("learner", "collector")]
     try:

@@ -16,7 +16,7 @@ import pytest
 from common import keys, streams
 from common.connection import connect
 from common.embedded_redis import EmbeddedRedis, find_redis_server
-from tests.conftest import REPO, rq_bin, worker_env
+from tests.conftest import REPO, WORKER_CLASS, rq_bin, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
@@ -61,7 +61,7 @@ def test_out_of_memory_mid_run_stops_cleanly(tmp_path, server):
     url, exp = server.url, f"oom_{os.getpid()}"
     conn = connect(url)
     env = worker_env(url)
-    workers = [subprocess.Popen([rq_bin(), "worker", q, "--url", url, "-w", "workers.worker.PreloadWorker",
+    workers = [subprocess.Popen([rq_bin(), "worker", q, "--url", url, "-w", WORKER_CLASS[q],
                                  "--name", f"{exp}-{q}-{i}"], env=env, cwd=tmp_path,
                                 stdout=open(tmp_path / f"w{i}.log", "wb"), stderr=subprocess.STDOUT)
                for i, q in enumerate(["learner", "collector", "collector"])]

@@ -13,14 +13,16 @@ from tests.conftest import REPO, run_rqrl
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
-# Evals by env steps and every 2 s (the resumed learner first refills its replay buffer, training little).
+# Evals by env steps and every 2 s. Budgets: training starts at replay_start_size (256) env steps
+# and collectors lead the learner by max_env_step_lead (256), so 1,000 env steps give ~240 train
+# iterations; the resumed learner refills 256 env steps before it trains again, then gains 0.5 an env step.
 SMALL = ["--set", "env.stop_value=100000", "--set", "commander.eval_every_train_iter=0",
          "--set", "commander.eval_every_env_step=150", "--set", "commander.eval_interval=2.0", "--set", "policy.learn.learner.hook.save_ckpt_after_iter=50",
          "--set", "commander.max_wall_seconds=120", "--collectors", "1"]
 
 
 def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
-    first = run_rqrl("train", CONFIG, "--seed", "4", "--set", "commander.max_env_step=600", *SMALL, cwd=tmp_path)
+    first = run_rqrl("train", CONFIG, "--seed", "4", "--set", "commander.max_env_step=1000", *SMALL, cwd=tmp_path)
     assert first.returncode == 2, first.stdout + first.stderr[-3000:]
     run = (tmp_path / "cartpole_dqn" / "latest").resolve()
     before = json.loads((run / "summary.json").read_text())
@@ -29,13 +31,13 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
     assert point["ckpt_train_iter"] > 0 and evals_before
 
     # The seed comes from the run; a larger budget lets it go on.
-    second = run_rqrl("train", CONFIG, "--resume", run.name, "--set", "commander.max_env_step=1600", *SMALL,
+    second = run_rqrl("train", CONFIG, "--resume", run.name, "--set", "commander.max_env_step=2400", *SMALL,
                       cwd=tmp_path)
     assert second.returncode == 2, second.stdout + second.stderr[-3000:]
     assert [p.name for p in (tmp_path / "cartpole_dqn").iterdir() if not p.is_symlink()
             and p.name != "tensorboard"] == [run.name]
     after = json.loads((run / "summary.json").read_text())
-    assert after["run_id"] == before["run_id"] and after["envstep"] >= 1600 > before["envstep"]
+    assert after["run_id"] == before["run_id"] and after["envstep"] >= 2400 > before["envstep"]
     assert after["train_iter"] > before["train_iter"]
     # The learner started from the copied checkpoint, not from 0.
     learner_log = (run / "log" / "learner" / "learner.txt").read_text()

@@ -1,8 +1,8 @@
 """A stalled but alive task (SIGSTOP, not SIGKILL) is fenced off once the coordinator declares it dead.
 
-Real coordinator, real ``rq worker`` processes, real Redis. A collector task's work-horse is
-stopped with SIGSTOP: its heartbeat expires, the coordinator declares it dead (its record
-leaves ``rqrl:{exp}:tasks``, its lease is deleted) and issues a replacement. The horse is then
+Real coordinator, real ``rq worker`` processes, real Redis. A collector task's process (the
+CollectorWorker that runs it) is stopped with SIGSTOP: its heartbeat expires, the coordinator declares it dead (its record
+leaves ``rqrl:{exp}:tasks``, its lease is deleted) and issues a replacement. It is then
 resumed with SIGCONT and carries on where it stood: every write it tries must be refused (no
 chunk of it reaches the buffer stream), and it fails naming the revoked lease.
 """
@@ -19,7 +19,7 @@ import time
 import pytest
 
 from common import keys, streams
-from tests.conftest import REPO, rq_bin, worker_env
+from tests.conftest import REPO, WORKER_CLASS, rq_bin, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -60,7 +60,7 @@ def test_stalled_collector_is_fenced_after_being_declared_dead(real_redis, redis
                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     # Two collector workers: the stalled horse keeps one busy, the replacement takes the other.
     for q in ("learner", "collector", "collector"):
-        procs.append(subprocess.Popen([rq_bin(), "worker", q, "-w", "workers.worker.PreloadWorker",
+        procs.append(subprocess.Popen([rq_bin(), "worker", q, "-w", WORKER_CLASS[q],
                                        "--name", f"{exp}-{q}-{len(procs)}"], cwd=tmp_path, env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     pid = None

@@ -12,7 +12,7 @@ from rq.registry import FailedJobRegistry
 from common import keys, streams
 from common.config import apply_overrides
 from coordinator.commander import SoloCommander
-from tests.conftest import rq_bin, wait_event, worker_env
+from tests.conftest import WORKER_CLASS, rq_bin, wait_event, worker_env
 from common import lease
 from tests.conftest import initial_weights
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.redis_server
 
 
 def _worker(url: str, queue: str, cwd, burst: bool = True) -> subprocess.Popen:
-    argv = [rq_bin(), "worker", queue, "--url", url, "-w", "workers.worker.PreloadWorker"]
+    argv = [rq_bin(), "worker", queue, "--url", url, "-w", WORKER_CLASS[queue]]
     if burst:
         argv.append("--burst")
     return subprocess.Popen(argv, env=worker_env(url), cwd=cwd, stdout=subprocess.PIPE,

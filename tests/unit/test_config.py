@@ -57,7 +57,7 @@ def test_algorithm_config_holds_only_its_hyperparameters():
         assert "learner" not in own.get("learn", {}) and "collector" not in own.get("collect", {})
         assert "train_iter_per_env_step" not in own.get("learn", {})
         cfg = compile_config({}, {"policy": {"type": name}})
-        assert cfg.policy.collect.collector.task_env_steps == 1000 and cfg.policy.collect.collector.data_ttl == 600
+        assert cfg.policy.collect.collector.task_env_steps == 20_000 and cfg.policy.collect.collector.data_ttl == 600
 
 
 def test_deep_merge_keeps_sibling_defaults():

@@ -134,7 +134,10 @@ def test_rqrl_config_show_reads_shapes_from_the_custom_env(tmp_path, monkeypatch
     shown = json.loads(out)
     assert shown["env"]["import_names"] == [mod]
     assert shown["policy"]["model"]["obs_shape"] == 3 and shown["policy"]["model"]["action_shape"] == 4
-    assert "note:" not in err
+    assert env_id not in err  # no space note: the spaces were read from the env
+    # The env sets no time limit: the eval cap may cut an eval, and stock forking workers every episode.
+    assert "warning: config key 'policy.eval.evaluator.max_env_steps' = 100,000 can cut evals short" in err
+    assert "note: on a stock forking `rq worker collector`" in err
 
 
 def test_unimportable_import_name_refused_naming_key_and_module():

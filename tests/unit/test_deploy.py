@@ -34,7 +34,8 @@ SYSTEMD = DEPLOY / "systemd"
 REDIS_DIR = DEPLOY / "redis"
 DOC = REPO / "docs" / "deploy.md"
 
-WORKER_CLASS = "workers.worker.PreloadWorker"
+# Collectors keep envs between tasks in-process; the learner runs in a forked work-horse.
+WORKER_CLASS = {"collector": "workers.worker.CollectorWorker", "learner": "workers.worker.PreloadWorker"}
 CONFIG = REPO / "deploy" / "configs" / "cartpole_dqn.py"
 CORE_SERVICES = {"redis", "coordinator", "collector", "learner"}
 
@@ -204,7 +205,7 @@ def test_compose_services():
     # workers: the right queues and the preload worker class.
     for name, queue in (("collector", "collector"), ("learner", "learner")):
         s = services[name]
-        assert s["command"] == ["rq", "worker", queue, "-w", WORKER_CLASS], s["command"]
+        assert s["command"] == ["rq", "worker", queue, "-w", WORKER_CLASS[queue]], s["command"]
         assert s["environment"]["RQ_REDIS_URL"].startswith("redis://")
         assert s["depends_on"]["redis"]["condition"] == "service_healthy"
     assert any(v.endswith(":/runs") for v in services["learner"]["volumes"])
@@ -236,7 +237,7 @@ def test_compose_learner_gpu_reservation():
     devices = learner["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in d["capabilities"] and d.get("driver") == "nvidia" for d in devices)
     assert "cu" in learner["build"]["args"]["TORCH_INDEX_URL"]  # a CUDA torch build
-    assert learner["command"] == ["rq", "worker", "learner", "-w", WORKER_CLASS]
+    assert learner["command"] == ["rq", "worker", "learner", "-w", WORKER_CLASS["learner"]]
     assert gpu["services"]["coordinator"]["environment"]["RQRL_CUDA"] == "True"
 
 
@@ -362,7 +363,7 @@ def test_dockerfile():
         if op in ("ENV", "ARG"):
             assert "redis://" not in a and "PASSWORD" not in a.upper(), a
     cmd = next(a for op, a in ins if op == "CMD")
-    assert WORKER_CLASS in cmd
+    assert WORKER_CLASS["collector"] in cmd
 
 
 def test_dockerignore_keeps_what_the_dockerfile_copies():
@@ -412,7 +413,7 @@ def test_k8s_workers():
     assert collector["spec"]["replicas"] >= 1
     for dep, queue in ((collector, "collector"), (learner, "learner")):
         c = _container(dep)
-        assert c["command"] == ["rq", "worker", queue, "-w", WORKER_CLASS]
+        assert c["command"] == ["rq", "worker", queue, "-w", WORKER_CLASS[queue]]
         env = {e["name"]: e for e in c["env"]}
         assert env["RQ_REDIS_URL"]["valueFrom"]["secretKeyRef"]["key"] == "redis-url"
         assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -522,7 +523,7 @@ def test_systemd_unit(name):
         assert argv[1:3] == ["-m", "coordinator"]
         assert svc["Restart"] == "on-failure" and svc["RestartPreventExitStatus"].split() == ["2", "130"]
     else:
-        assert argv[1:] == ["worker", queue, "-w", WORKER_CLASS]
+        assert argv[1:] == ["worker", queue, "-w", WORKER_CLASS[queue]]
         assert svc["Restart"] == "on-failure"
     assert "redis://" not in svc["ExecStart"], "the Redis URL comes from the EnvironmentFile"
 

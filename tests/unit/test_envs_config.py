@@ -7,6 +7,7 @@ import pytest
 
 from common import envs, spaces
 from common.config import ConfigError, compile_config
+from tests.conftest import REPO
 
 
 def _cfg(**env):
@@ -24,10 +25,11 @@ def test_the_atari_preset_builds_training_and_eval_envs_from_one_base():
             base = env.unwrapped
             assert base._frameskip == 1 and base.ale.getFloat("repeat_action_probability") == 0.25  # the wrapper skips
         chain = lambda e: [type(w).__name__ for w in _chain(e)]  # noqa: E731
-        assert chain(train) == ["FrameStackObservation", "ClipReward", "AtariPreprocessing"]
-        assert chain(evaluate) == ["FrameStackObservation", "AtariPreprocessing"]
-        assert _find(train, "AtariPreprocessing").terminal_on_life_loss is True
-        assert _find(evaluate, "AtariPreprocessing").terminal_on_life_loss is False
+        # Pong has a FIRE action, so both get FireReset; life loss and clipping are for training only.
+        assert chain(train) == ["FrameStackObservation", "ClipReward", "FireReset", "EpisodicLife", "AtariPreprocessing"]
+        assert chain(evaluate) == ["FrameStackObservation", "FireReset", "AtariPreprocessing"]
+        # gymnasium's own life-loss option restarts the game at every lost life: EpisodicLife replaces it.
+        assert _find(train, "AtariPreprocessing").terminal_on_life_loss is False
         spec = spaces.probe(cfg)
         assert (spec.obs_kind, spec.obs_layout, spec.action_n) == ("image", "chw", 6)
     finally:
@@ -38,7 +40,7 @@ def test_the_atari_preset_builds_training_and_eval_envs_from_one_base():
 def _chain(env):
     out = []
     while hasattr(env, "env"):
-        if type(env).__name__ in ("FrameStackObservation", "ClipReward", "AtariPreprocessing"):
+        if type(env).__name__ in ("FrameStackObservation", "ClipReward", "FireReset", "EpisodicLife", "AtariPreprocessing"):
             out.append(env)
         env = env.env
     return out
@@ -77,3 +79,27 @@ def test_a_wrapper_that_cannot_be_imported_is_named_by_its_key():
     cfg = _cfg(wrappers=[dict(type="gymnasium.wrappers:NoSuchWrapper")])
     with pytest.raises(spaces.SpaceError, match=r"env.wrappers\[0\].type.*NoSuchWrapper"):
         spaces.probe(cfg)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "deploy" / "configs").glob("*.py")), ids=lambda p: p.name)
+def test_no_shipped_config_cuts_episodes(path):
+    """Under rqrl train (envs kept on the collector workers) nothing in a shipped config ends an
+    episode before the env does: no eval env-step cap below the eval's episodes."""
+    from common.config import load_config
+    from common.envs import cut_warnings
+
+    warnings, _ = cut_warnings(load_config(path))
+    assert warnings == []
+
+
+def test_an_eval_cap_below_the_episodes_is_warned_about_and_short_tasks_noted():
+    from common.config import compile_config
+    from common.envs import cut_warnings
+
+    cfg = compile_config({"policy": {"eval": {"evaluator": {"max_env_steps": 5000}},
+                                     "collect": {"collector": {"task_env_steps": 1000}}}})
+    warnings, notes = cut_warnings(cfg)  # CartPole-v1: 500-step episodes, 20 in a confirmation eval
+    assert warnings == ["config key 'policy.eval.evaluator.max_env_steps' = 5,000 can cut evals short: an eval plays "
+                        "20 episodes of up to 500 env steps (env.n_evaluator_episode, commander.confirm_eval_episodes)"]
+    assert len(notes) == 1 and "after 125 env steps per env" in notes[0] and "shorter than the env's 500" in notes[0]
+    assert cut_warnings(compile_config({})) == ([], [])

@@ -8,7 +8,7 @@ import pytest
 
 from common import chunk_codec, frames, memory_budget, serialization, spaces
 from common.config import compile_config
-from workers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer, check_chunk
+from workers.replay_buffer import FrameStore, PrioritizedReplayBuffer, ReplayBuffer, check_chunk
 
 H = W = 12
 C = 4
@@ -163,3 +163,113 @@ def test_a_buffer_without_a_frame_store_unpacks_packed_chunks():
     buf.extend(frames.pack(chunk, ["obs", "next_obs"]))
     _truth(buf.sample(16, np.random.default_rng(3)), 2)
     assert frames.pack({"obs": np.zeros((0, C, H, W), np.uint8)}, ["obs"])["obs"].shape == (0, C)
+
+
+# ---------------------------------------------------------------- frames that recur (Atari reset frames do)
+
+def live_rows(buf: ReplayBuffer) -> dict[str, np.ndarray]:
+    """Every row the buffer counts as usable (the ring segment ending at its next slot), gathered."""
+    return buf._rows((buf._next - buf._size + np.arange(buf._size)) % buf.capacity)
+
+
+def recurring_chunks(rng: np.random.Generator, n_chunks: int, max_rows: int, distances: list[int]):
+    """Chunks of one env's stacked frames (obs = its last C frames, next_obs one step on) whose new
+    frames recur: half the steps repeat the frame seen ``d`` steps before (``d`` drawn from
+    ``distances``, or anywhere up to the stream's length), a few rows are unrelated stacks, and an
+    episode start is the reset frame 0 stacked C times. ``action`` numbers the rows; the second
+    value of each item is the pixels sent per row number."""
+    seq, fresh, row = [0] * C, 1, 0
+    for _ in range(n_chunks):
+        obs, nxt, act, sent = [], [], [], {}
+        for _ in range(int(rng.integers(1, max_rows + 1))):
+            u = rng.random()
+            if u < 0.05:  # an episode starts: the stack is the reset frame, C times
+                seq += [0] * C
+            elif u < 0.1:  # an unrelated stack
+                seq += list(range(fresh, fresh + C))
+                fresh += C
+            if rng.random() < 0.5:
+                seq.append(fresh)
+                fresh += 1
+            else:
+                d = int(rng.choice(distances)) if rng.random() < 0.8 else int(rng.integers(1, len(seq) + 1))
+                seq.append(seq[-min(d, len(seq))])
+            o = np.stack([frame(k) for k in seq[-C - 1:-1]])
+            n = np.stack([frame(k) for k in seq[-C:]])
+            obs.append(o), nxt.append(n), act.append(row)
+            sent[row] = (o, n)
+            row += 1
+        yield {"obs": np.stack(obs), "action": np.asarray(act, np.int64), "next_obs": np.stack(nxt)}, sent
+
+
+@pytest.mark.parametrize("window, capacity, max_rows", [
+    (4, 2, 1), (4, 2, 8), (8, 3, 3), (8, 10, 40), (16, 5, 12), (5, 40, 60), (frames.WINDOW, 8, 24),
+])
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_every_usable_row_serves_the_pixels_sent_while_frames_recur(monkeypatch, window, capacity, max_rows,
+                                                                    prioritized):
+    # Small windows make recurrences at, just inside and just past the window edge and the store's
+    # size frequent; chunks of up to 2-5x the buffer's rows store more frames than it has spare.
+    monkeypatch.setattr(frames, "WINDOW", window)
+    monkeypatch.setattr(FrameStore, "WINDOW", window)
+    buf = (PrioritizedReplayBuffer if prioritized else ReplayBuffer)(capacity, SCHEMA, framed=["obs", "next_obs"])
+    size = buf._frames.size
+    edges = [1, 2, 3, C, C + 1] + [e + k for e in (window, size) for k in (-2, -1, 0, 1, 2)]
+    rng = np.random.default_rng(window * 1000 + capacity)
+    n_chunks = max(300, 4 * size // max(1, max_rows // 2))
+    sent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for i, (chunk, rows) in enumerate(recurring_chunks(rng, n_chunks, max_rows, edges)):
+        sent.update(rows)
+        buf.extend(chunk if i % 2 else frames.pack(chunk, ["obs", "next_obs"]))
+        got = live_rows(buf)
+        for o, a, n in zip(got["obs"], got["action"], got["next_obs"]):
+            assert np.array_equal(o, sent[a][0]) and np.array_equal(n, sent[a][1]), (
+                f"chunk {i}: row {a} served other pixels than were sent (store of {size} frames, {buf._frames.total} stored)")
+        kept = {k: v[-capacity:] for k, v in chunk.items()}  # the rows the ring can hold
+        if len(frames.pack(kept, ["obs", "next_obs"])["frames"]) <= size:
+            assert len(buf) > 0  # the chunk's newest row is kept unless its frames alone overflow the store
+    assert buf._frames.total > 2 * size  # the store wrapped around more than once
+
+
+def test_a_frame_matched_at_the_window_edge_is_not_served_after_its_slot_is_reused():
+    # The reset frame A is frame 0 of the store; once WINDOW frames are stored it sits exactly at
+    # the window's edge and is still matched. The next chunk references it and stores more new
+    # frames than the store keeps beyond the window: the 10th new one lands in A's slot.
+    capacity = 8
+    buf = ReplayBuffer(capacity, SCHEMA, framed=["obs", "next_obs"])
+    spare = buf._frames.size - frames.WINDOW
+    first = [frame(k) for k in range(frames.WINDOW)]  # frame(0) is A
+    for start in range(0, frames.WINDOW - C, capacity):  # a sliding stack over them, chunks of `capacity` rows
+        ks = range(start, min(start + capacity, frames.WINDOW - C))
+        buf.extend({"obs": np.stack([np.stack(first[k:k + C]) for k in ks]), "action": np.full(len(ks), -1, np.int64),
+                    "next_obs": np.stack([np.stack(first[k + 1:k + 1 + C]) for k in ks])})
+    assert buf._frames.total == frames.WINDOW
+    m = spare // 2 + 1  # rows bringing 2 new frames each: spare + 1 or more new frames in all
+    a = frame(0)
+    new = [frame(10**6 + k) for k in range(2 * m)]
+    obs = np.stack([np.stack([a, a, a, new[2 * i]]) for i in range(m)])
+    nxt = np.stack([np.stack([a, a, a, new[2 * i + 1]]) for i in range(m)])
+    buf.extend({"obs": obs, "action": np.arange(m, dtype=np.int64), "next_obs": nxt})
+    got = live_rows(buf)
+    assert set(range(m)) <= set(got["action"].tolist())  # the new rows are kept ...
+    for o, act, n in zip(got["obs"], got["action"], got["next_obs"]):
+        if act >= 0:  # ... and serve A where A was sent
+            np.testing.assert_array_equal(o, obs[act])
+            np.testing.assert_array_equal(n, nxt[act])
+
+
+@pytest.mark.parametrize("window", [16, 256])
+def test_the_dedup_index_stays_bounded_by_the_window(monkeypatch, window):
+    # A long stream (20 windows) whose frames recur at every distance, the reset frame included.
+    monkeypatch.setattr(frames, "WINDOW", window)
+    monkeypatch.setattr(FrameStore, "WINDOW", window)
+    buf = ReplayBuffer(64, SCHEMA, framed=["obs", "next_obs"])
+    store = buf._frames
+    rng = np.random.default_rng(window)
+    edges = [1, 2, window - 1, window, window + 1, store.size]
+    chunks = recurring_chunks(rng, 10**9, 16, edges)
+    while store.total < 20 * window:
+        buf.extend(next(chunks)[0])
+        assert sum(len(b) for b in store._recent.values()) <= window + 1
+        assert len(store._order) - store._order_head <= window + 1
+        assert len(store._order) <= 3 * window + 1

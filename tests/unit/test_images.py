@@ -28,17 +28,99 @@ def test_uint8_boxes_are_images_with_their_channel_axis_detected(shape, layout, 
     assert spaces.SpaceSpec.from_dict(spec.to_dict()) == spec
 
 
-def test_other_integer_boxes_and_uint8_vectors_are_refused_by_name():
-    with pytest.raises(spaces.SpaceError, match="'X-v0'.*must be 2-D"):
+def test_uint8_bool_and_integer_vectors_and_wide_integer_grids_are_refused_by_name():
+    with pytest.raises(spaces.SpaceError, match="'X-v0'.*uint8 Box observation is an image or grid and must be 2-D"):
         spaces.from_spaces("X-v0", gym.spaces.Box(0, 255, (7,), np.uint8), ACT)
-    with pytest.raises(spaces.SpaceError, match="dtype int16"):
-        spaces.from_spaces("X-v0", gym.spaces.Box(0, 255, (8, 8), np.int16), ACT)
+    with pytest.raises(spaces.SpaceError, match="'X-v0'.*bool Box observation .* must be 2-D"):
+        spaces.from_spaces("X-v0", gym.spaces.Box(0, 1, (7,), bool), ACT)
+    with pytest.raises(spaces.SpaceError, match=r"dtype int16 with bounds \[-1, 5\].*within \[0, 255\]"):
+        spaces.from_spaces("X-v0", gym.spaces.Box(-1, 5, (8, 8), np.int16), ACT)
+    with pytest.raises(spaces.SpaceError, match=r"dtype int32 with bounds \[0, 1000\]"):
+        spaces.from_spaces("X-v0", gym.spaces.Box(0, 1000, (8, 8), np.int32), ACT)
+
+
+@pytest.mark.parametrize("box, layout, high", [
+    (gym.spaces.Box(0, 1, (10, 10, 4), bool), "hwc", 1.0),  # MinAtar Breakout's grid
+    (gym.spaces.Box(0, 1, (10, 10), np.uint8), "hw", 1.0),  # a binary grid as uint8
+    (gym.spaces.Box(0, 5, (3, 8, 8), np.int64), "chw", 5.0),  # categories 0..5
+    (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), "chw", 255.0),  # pixels
+])
+def test_bool_and_small_integer_grids_are_image_channels_stored_as_uint8(box, layout, high):
+    spec = spaces.from_spaces("Grid-v0", box, ACT)
+    assert (spec.obs_kind, spec.obs_layout, spec.image_high, spec.obs_dtype) == ("image", layout, high, np.uint8)
+    assert spaces.SpaceSpec.from_dict(spec.to_dict()) == spec
+    box.seed(0)
+    obs = np.stack([box.sample() for _ in range(3)])
+    stored = spec.obs_batch(obs)
+    assert stored.dtype == np.uint8 and stored.shape == obs.shape
+    np.testing.assert_array_equal(stored, obs.astype(np.int64))  # 0/1 for bool, categories as they are
+
+
+def test_an_integer_grid_value_outside_its_uint8_range_is_refused_not_wrapped():
+    spec = spaces.from_spaces("Grid-v0", gym.spaces.Box(0, 5, (8, 8), np.int32), ACT)
+    obs = np.zeros((1, 8, 8), np.int32)
+    obs[0, 2, 3] = 300  # an env breaking its own bounds: uint8 would store 44
+    with pytest.raises(spaces.SpaceError, match=r"'Grid-v0'.*holds 0\.\.300"):
+        spec.obs_batch(obs)
+
+
+def test_the_scale_to_0_1_follows_the_box_high_not_the_dtype():
+    rng = np.random.default_rng(0)
+    cpu = torch.device("cpu")
+    # A uint8 Box(0, 1) grid: its 1s are 1.0, not 1/255.
+    grid = spaces.from_spaces("G-v0", gym.spaces.Box(0, 1, (10, 10, 4), np.uint8), ACT)
+    x = rng.integers(0, 2, (2, 10, 10, 4)).astype(np.uint8)
+    torch.testing.assert_close(nets.obs_tensor(grid, x, cpu), torch.from_numpy(x.transpose(0, 3, 1, 2)).float())
+    # A bool grid, stored as uint8 0/1: the same.
+    binary = spaces.from_spaces("B-v0", gym.spaces.Box(0, 1, (10, 10, 4), bool), ACT)
+    stored = binary.obs_batch(x.astype(bool))
+    torch.testing.assert_close(nets.obs_tensor(binary, stored, cpu), torch.from_numpy(x.transpose(0, 3, 1, 2)).float())
+    # Categories 0..5 divide by 5; pixels by 255.
+    cat = spaces.from_spaces("C-v0", gym.spaces.Box(0, 5, (8, 8), np.int64), ACT)
+    c = rng.integers(0, 6, (2, 8, 8))
+    torch.testing.assert_close(nets.obs_tensor(cat, cat.obs_batch(c), cpu), torch.from_numpy(c[:, None]).float() / 5)
+    pix = spaces.from_spaces("P-v0", gym.spaces.Box(0, 255, (8, 8), np.uint8), ACT)
+    p = rng.integers(0, 256, (2, 8, 8), dtype=np.uint8)
+    torch.testing.assert_close(nets.obs_tensor(pix, p, cpu), torch.from_numpy(p[:, None]).float() / 255)
+
+
+def test_a_bool_grid_stays_uint8_from_the_adder_through_a_chunk_and_the_replay_buffer_to_a_learn_step():
+    spec = spaces.from_spaces("Grid-v0", gym.spaces.Box(0, 1, (10, 10, 4), bool), ACT)
+    cfg = compile_config({"policy": {"model": {"conv": [[16, 3, 1]], "hidden_size_list": [32]},
+                                     "learn": {"batch_size": 8}}})
+    spaces.check_model(cfg, spec)
+    policy = create_policy(cfg, spec)
+    assert policy.schema()["obs"] == ((10, 10, 4), np.uint8)
+    rng = np.random.default_rng(2)
+    adder = NStepAdder(2, 1, 0.9)
+    obs = spec.obs_batch(rng.random((2, 10, 10, 4)) < 0.1)
+    rows = None
+    for _ in range(6):
+        nxt = spec.obs_batch(rng.random((2, 10, 10, 4)) < 0.1)
+        _, record = policy.act(obs, {"eps": 0.5}, rng)
+        rows = adder.add(obs, record, np.ones(2), nxt, np.zeros(2, bool), np.zeros(2, bool)) or rows
+        obs = nxt
+    assert rows["obs"].dtype == np.uint8 and set(np.unique(rows["obs"])) <= {0, 1}
+    chunk = serialization.loads(serialization.dumps(rows))
+    buf = ReplayBuffer(100, policy.schema())
+    buf.extend(chunk, 0)
+    batch = buf.sample(8, rng)
+    assert batch["obs"].dtype == np.uint8 and batch["next_obs"].dtype == np.uint8
+    before = {k: v.copy() for k, v in policy.get_weights().items()}
+    assert np.isfinite(policy.learn(batch)["total_loss"])
+    assert any(not np.array_equal(before[k], v) for k, v in policy.get_weights().items())
 
 
 def test_a_spec_saved_before_images_loads_as_a_flat_box():
     d = spaces.from_spaces("X-v0", gym.spaces.Box(-1, 1, (4,), np.float32), ACT).to_dict()
-    del d["obs_layout"]
+    del d["obs_layout"], d["image_high"]
     assert spaces.SpaceSpec.from_dict(d).obs_kind == "box"
+
+
+def test_a_spec_saved_before_grids_loads_with_the_pixel_scale():
+    d = spaces.from_spaces("X-v0", gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), ACT).to_dict()
+    del d["image_high"]
+    assert spaces.SpaceSpec.from_dict(d).image_high == 255.0
 
 
 def test_obs_tensor_scales_on_the_device_and_puts_channels_first_for_every_layout():

@@ -93,7 +93,8 @@ def test_bad_group_fields_are_refused_by_name(small_cfg, field, value, why):
 def test_a_rank_keeps_its_share_of_the_buffer_and_starts_on_the_groups_env_steps(fake_redis, small_cfg):
     """A rank's replay buffer holds 1/N of replay_buffer_size; it starts once the whole group
     consumed replay_start_size env steps (the buffer's stats hash) and it holds a row, and the
-    collectors may send replay_start_size + max_env_step_lead before the first update."""
+    collectors may send replay_start_size + max_env_step_lead before the first update; the
+    replay ratio counts from that start."""
     cfg = _group_cfg(small_cfg)
     cfg.policy.other.replay_buffer.update(replay_buffer_size=1001, replay_start_size=200)
     cfg.policy.learn.update(train_iter_per_env_step=0.5, max_env_step_lead=100)
@@ -113,6 +114,12 @@ def test_a_rank_keeps_its_share_of_the_buffer_and_starts_on_the_groups_env_steps
     call = Call(feeder)
     assert call.returned(3.0) and call.error is None and len(call.result["obs"]) == BATCH
     assert learner.collector_envstep == 210  # the group's count, reported by rank 0
+    # From the group's start on, the ratio: 1 + 0.5 x 10 iterations at 210 env steps, not 0.5 x 210.
+    learner.train_iter = 5
+    assert feeder.ratio_ok(210)
+    learner.train_iter = 6
+    assert not feeder.ratio_ok(210)
+    assert feeder.envstep_limit(6) == 200 + 12 + 100
 
 
 def test_two_ranks_dead_at_once_fail_their_group_once(tmp_path, fake_redis, small_cfg):

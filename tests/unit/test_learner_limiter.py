@@ -1,17 +1,21 @@
 """The learner side of the replay-ratio limiter (``ReplayFeeder`` in workers/sources/replay.py).
 
-The feeder hands the trainer a batch only once the buffer holds ``replay_start_size`` rows and
-``train_iter - base_iter < train_iter_per_env_step * (env steps - base env steps)``, where the
-bases are the learner's train_iter and the buffer's consumed env steps when it started (after
-a resume: the checkpoint's train_iter and the durable count in the buffer stats). It also
-computes the ``envstep_limit`` published to collectors. Reader and learner are stand-ins with
-the attributes the feeder reads; the feeder itself is the real one.
+The feeder hands the trainer a batch only once ``e = env steps - base env steps`` reached
+``replay_start_size`` and the buffer holds a row, and while
+``train_iter - base_iter <= train_iter_per_env_step * (e - replay_start_size)`` (one iteration at
+the start, then the ratio: no catch-up for the warm-up). The bases are the learner's train_iter
+and the buffer's consumed env steps when it started (after a resume: the checkpoint's
+train_iter and the durable count in the buffer stats). It also computes the ``envstep_limit``
+published to collectors. Reader and learner are stand-ins with the attributes the feeder reads;
+the feeder itself is the real one. A call that must wait is shown to have run its loop (it set
+``collector_envstep``) and then to end with None at the stop flag, not with a batch.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -68,6 +72,14 @@ class Call:
         return not self._t.is_alive()
 
 
+def ran(learner, envstep, within=3.0):
+    """True once the feeder's loop ran (it sets ``collector_envstep`` before deciding)."""
+    deadline = time.monotonic() + within
+    while learner.collector_envstep != envstep and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return learner.collector_envstep == envstep
+
+
 def release(conn, cfg, call):
     """End a waiting call the way a run ends: the stop flag."""
     conn.set(keys.stop(cfg.exp_name), "test over")
@@ -75,33 +87,40 @@ def release(conn, cfg, call):
     assert call.result is None
 
 
-def test_no_batch_before_replay_start_size(fake_redis, cfg):
-    feeder, _, buf = make(fake_redis, cfg, filled=START - 1)
-    feeder.reader.env_steps = 10_000  # the ratio would allow plenty
+def test_no_batch_before_replay_start_size_env_steps(fake_redis, cfg):
+    feeder, learner, _ = make(fake_redis, cfg)
+    feeder.envstep_limit(0)  # before_run: the bases are taken at train_iter 0
+    feeder.reader.env_steps = START - 1
+    learner.collector_envstep = -1
     call = Call(feeder)
-    assert not call.returned(0.6)
-    buf.extend(rows(1))
+    assert ran(learner, START - 1) and not call.returned(0.1)
+    feeder.reader.env_steps = START
     feeder.notify()
     assert call.returned() and call.result["obs"].shape == (BATCH, 4)
 
 
 @pytest.mark.parametrize("train_iter, env_steps, allowed", [
-    (0, 0, False),    # nothing consumed yet
-    (0, 2, True),     # 0 < 0.5 * 2
-    (31, 64, True),   # 31 < 32
-    (32, 64, False),  # 32 iterations is what 64 env steps justify
-    (32, 66, True),
+    (0, 0, False),               # nothing consumed yet
+    (0, START - 1, False),       # warm-up
+    (0, START, True),            # learning starts: the first iteration
+    (1, START, False),           # no catch-up of 0.5 x START iterations for the warm-up
+    (1, START + 1, False),       # 1 > 0.5 * 1
+    (1, START + 2, True),        # 1 <= 0.5 * 2
+    (32, START + 64, True),      # 32 <= 32
+    (33, START + 64, False),
+    (33, START + 66, True),
 ])
 def test_ratio_ok(fake_redis, cfg, train_iter, env_steps, allowed):
     feeder, learner, _ = make(fake_redis, cfg)
     feeder.envstep_limit(0)  # before_run: the bases are taken at train_iter 0
     learner.train_iter = train_iter
     feeder.reader.env_steps = env_steps
+    assert feeder.ratio_ok(env_steps) is allowed
+    learner.collector_envstep = -1
     call = Call(feeder)
-    assert call.returned(3.0 if allowed else 0.6) is allowed
-    assert learner.collector_envstep == env_steps
+    assert ran(learner, env_steps)
     if allowed:
-        assert call.result["reward"].shape == (BATCH,)
+        assert call.returned() and call.result["reward"].shape == (BATCH,)
     else:
         release(fake_redis, cfg, call)
 
@@ -109,22 +128,22 @@ def test_ratio_ok(fake_redis, cfg, train_iter, env_steps, allowed):
 def test_waiting_trainer_wakes_when_env_steps_arrive(fake_redis, cfg):
     feeder, learner, _ = make(fake_redis, cfg)
     feeder.envstep_limit(0)
-    learner.train_iter = 32
-    feeder.reader.env_steps = 64
+    learner.train_iter = 33
+    feeder.reader.env_steps = START + 64
     call = Call(feeder)
-    assert not call.returned(0.6)
-    feeder.reader.env_steps = 66
+    assert ran(learner, START + 64) and not call.returned(0.1)
+    feeder.reader.env_steps = START + 66
     feeder.notify()
     assert call.returned() and call.result is not None
 
 
 def test_envstep_limit(fake_redis, cfg):
     feeder, _, _ = make(fake_redis, cfg)
-    assert feeder.envstep_limit(0) == 0 + max(START, 0) + LEAD
-    assert feeder.envstep_limit(100) == 0 + 100 / RATIO + LEAD
+    assert feeder.envstep_limit(0) == 0 + START + LEAD
+    assert feeder.envstep_limit(100) == 0 + START + 100 / RATIO + LEAD
     # Env steps the reader consumed since start do not move the limit: it counts from the base.
     feeder.reader.env_steps = 150
-    assert feeder.envstep_limit(100) == 0 + 100 / RATIO + LEAD
+    assert feeder.envstep_limit(100) == 0 + START + 100 / RATIO + LEAD
 
 
 def test_envstep_limit_without_ratio_is_unbounded(fake_redis, cfg):
@@ -132,28 +151,34 @@ def test_envstep_limit_without_ratio_is_unbounded(fake_redis, cfg):
     feeder, learner, _ = make(fake_redis, cfg)
     assert feeder.envstep_limit(10_000) >= 2**62
     learner.train_iter = 10_000
+    feeder.reader.env_steps = START
     assert Call(feeder).returned()  # no ratio: only replay_start_size gates
 
 
-def test_resume_counts_from_checkpoint_iter_and_durable_env_steps(fake_redis, cfg):
-    # A replacement learner loaded train_iter 500; the buffer had consumed 1,000 env steps before it.
-    feeder, learner, _ = make(fake_redis, cfg, train_iter=500, base_envstep=1000)
+def test_resume_refills_replay_start_size_then_trains_at_the_ratio(fake_redis, cfg):
+    # A replacement learner loaded train_iter 500; the buffer had consumed 1,000 env steps before
+    # it, and its own buffer starts empty: it refills START env steps (unread chunks count).
+    feeder, learner, _ = make(fake_redis, cfg, train_iter=500, base_envstep=1000, filled=0)
     assert feeder.envstep_limit(500) == 1000 + START + LEAD
-    assert feeder.envstep_limit(700) == 1000 + 200 / RATIO + LEAD
-    # Nothing consumed since the resume: no iteration yet (from-scratch bases would allow ~500).
+    assert feeder.envstep_limit(700) == 1000 + START + 200 / RATIO + LEAD
+    learner.collector_envstep = -1
     call = Call(feeder)
-    assert not call.returned(0.6)
-    assert learner.collector_envstep == 1000
-    # 10 env steps since the resume justify 5 iterations past train_iter 500.
-    feeder.reader.env_steps = 10
+    assert ran(learner, 1000) and not call.returned(0.1)  # absolute counts would allow ~500 iterations
+    feeder.store.extend(rows(START))
+    feeder.reader.env_steps = START
     feeder.notify()
     assert call.returned() and call.result is not None
-    assert learner.collector_envstep == 1010
-    learner.train_iter = 504
-    assert Call(feeder).returned()
-    learner.train_iter = 505
+    assert learner.collector_envstep == 1000 + START
+    learner.train_iter = 501  # one iteration at the refill, then 0.5 per env step
+    assert not feeder.ratio_ok(1000 + START + 1)
+    feeder.reader.env_steps = START + 10
+    allowed = []
+    for learner.train_iter in range(501, 507):
+        allowed.append(feeder.ratio_ok(1000 + START + 10))
+    assert allowed == [True] * 5 + [False]  # iterations 501..505: 1 + 0.5 * 10 since the refill
+    learner.collector_envstep = -1  # train_iter is now 506
     call = Call(feeder)
-    assert not call.returned(0.6)
+    assert ran(learner, 1000 + START + 10)
     release(fake_redis, cfg, call)
 
 

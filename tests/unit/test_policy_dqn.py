@@ -305,12 +305,13 @@ def test_get_weights_set_weights_same_greedy_actions(small_cfg):
     torch.manual_seed(99)
     collector2 = create_policy(policy_cfg(small_cfg), CARTPOLE, modes=("eval",), device="cpu")
     collector.set_weights(weights)
-    np.testing.assert_array_equal(collector.act_eval(obs), learner.act_eval(obs))
+    rng = lambda: np.random.default_rng(7)  # noqa: E731  the same eval-epsilon draws for each policy
+    np.testing.assert_array_equal(collector.act_eval(obs, rng()), learner.act_eval(obs, rng()))
     # Through the wire format too.
     from common import serialization
     collector2.set_weights(serialization.loads(serialization.dumps(weights)))
-    np.testing.assert_array_equal(collector2.act_eval(obs), learner.act_eval(obs))
-    assert collector.act_eval(obs).dtype == np.int64
+    np.testing.assert_array_equal(collector2.act_eval(obs, rng()), learner.act_eval(obs, rng()))
+    assert collector.act_eval(obs, rng()).dtype == np.int64
 
 
 def test_get_weights_follows_training(small_cfg):
@@ -358,7 +359,7 @@ def test_act_eps_zero_is_greedy_eps_one_is_random(small_cfg):
     p = make_policy(small_cfg)
     obs = np.random.default_rng(0).normal(size=(500, 4)).astype(np.float32)
     rng = np.random.default_rng(1)
-    greedy = p.act_eval(obs)
+    greedy = argmax_q(p, obs)
     acts, record = p.act(obs, {"eps": 0.0}, rng)
     np.testing.assert_array_equal(acts, greedy)
     np.testing.assert_array_equal(record["action"], greedy)
@@ -374,7 +375,41 @@ def test_discrete_action_start_is_applied_to_env_actions_only(small_cfg):
     env_actions, record = p.act(obs, {"eps": 1.0}, np.random.default_rng(2))
     assert set(np.unique(env_actions)) == {-1, 0, 1}
     np.testing.assert_array_equal(record["action"], env_actions + 1)  # stored as an index in [0, n)
-    assert set(np.unique(p.act_eval(obs))) <= {-1, 0, 1}
+    assert set(np.unique(p.act_eval(obs, np.random.default_rng(3)))) <= {-1, 0, 1}
+
+
+def argmax_q(p, obs):
+    with torch.no_grad():
+        return p.model(torch.as_tensor(obs)).argmax(dim=1).numpy()
+
+
+def eval_cfg(small_cfg, eps):
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    cfg.policy.eval.eps = eps
+    return cfg
+
+
+def test_evals_act_epsilon_greedy_with_the_configured_epsilon(small_cfg):
+    assert small_cfg.policy.eval.eps == 0.05  # the default, as Nature DQN's evaluation
+    torch.manual_seed(0)
+    p = create_policy(small_cfg, CARTPOLE, modes=("eval",), device="cpu")
+    obs = np.random.default_rng(0).normal(size=(40_000, 4)).astype(np.float32)
+    greedy = argmax_q(p, obs)
+    # A uniform random action differs from the greedy one with probability 1/2 (two actions),
+    # so about eps / 2 of the actions differ: 1,000 of 40,000 (binomial sd about 31).
+    differ = int((p.act_eval(obs, np.random.default_rng(1)) != greedy).sum())
+    assert 850 < differ < 1150, differ
+    # Reproducible from the generator's seed.
+    np.testing.assert_array_equal(p.act_eval(obs, np.random.default_rng(1)), p.act_eval(obs, np.random.default_rng(1)))
+    torch.manual_seed(0)
+    g = create_policy(eval_cfg(small_cfg, 0.0), CARTPOLE, modes=("eval",), device="cpu")
+    np.testing.assert_array_equal(g.act_eval(obs, np.random.default_rng(1)), greedy)  # eps 0: greedy
+
+
+@pytest.mark.parametrize("eps", [-0.1, 1.5, True, "0.05"])
+def test_a_bad_eval_epsilon_is_refused_by_its_key(small_cfg, eps):
+    with pytest.raises(ValueError, match=r"policy\.eval\.eps"):
+        create_policy(eval_cfg(small_cfg, eps), CARTPOLE, modes=("eval",), device="cpu")
 
 
 def test_state_dict_roundtrip_via_torch_save(small_cfg):

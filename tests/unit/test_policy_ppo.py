@@ -137,7 +137,7 @@ def test_pendulum_actions_scaled_to_the_bounds_for_env_stored_unclipped():
     np.testing.assert_allclose(record["logp"], want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(record["value"], value.numpy(), rtol=1e-6)
     assert isinstance(dist, Normal)
-    greedy = policy.act_eval(obs)
+    greedy = policy.act_eval(obs, np.random.default_rng(0))
     assert greedy.shape == (256, 1) and greedy.min() >= -2.0 and greedy.max() <= 2.0
 
 
@@ -150,6 +150,41 @@ def test_discrete_act_records_logp_of_the_chosen_action():
         dist, _ = policy.model(torch.as_tensor(obs))
         want = dist.log_prob(torch.as_tensor(record["action"])).numpy()
     np.testing.assert_allclose(record["logp"], want, rtol=1e-5)
+
+
+def eval_policy(env_id="CartPole-v1", sample=False, **kw):
+    cfg = ppo_cfg(env_id, **kw)
+    cfg.policy.eval.sample = sample
+    spec = spaces.probe(cfg)
+    torch.manual_seed(0)
+    return create_policy(cfg, spec, modes=("eval",), device="cpu")
+
+
+def test_eval_takes_the_most_likely_action_unless_sampling_is_on():
+    assert ppo_cfg().policy.eval.sample is False  # the default
+    obs = np.random.default_rng(0).normal(size=(4000, 4)).astype(np.float32)
+    argmax_policy = eval_policy(sample=False)
+    with torch.no_grad():
+        probs = argmax_policy.model(torch.as_tensor(obs))[0].probs.numpy()
+    for seed in range(3):  # never anything but the argmax, whatever the generator
+        np.testing.assert_array_equal(argmax_policy.act_eval(obs, np.random.default_rng(seed)), probs.argmax(1))
+    sampler = eval_policy(sample=True)
+    a = sampler.act_eval(obs, np.random.default_rng(1))
+    assert a.dtype == np.int64 and set(a.tolist()) == {0, 1}
+    # The near-uniform first policy: a sample differs from the argmax about as often as the other
+    # action's probability says (sum of min(p) over 4,000 rows, binomial sd about 32).
+    expected = float(probs.min(1).sum())
+    assert abs(int((a != probs.argmax(1)).sum()) - expected) < 150, (int((a != probs.argmax(1)).sum()), expected)
+    np.testing.assert_array_equal(a, sampler.act_eval(obs, np.random.default_rng(1)))  # reproducible from the seed
+
+
+def test_eval_samples_of_box_actions_stay_in_bounds():
+    obs = np.random.default_rng(0).normal(size=(512, 3)).astype(np.float32)
+    mean = eval_policy("Pendulum-v1", model={"init_log_std": 1.5}).act_eval(obs, np.random.default_rng(0))
+    sampled = eval_policy("Pendulum-v1", sample=True, model={"init_log_std": 1.5}).act_eval(obs, np.random.default_rng(0))
+    assert sampled.shape == mean.shape == (512, 1) and sampled.dtype == np.float32
+    assert sampled.min() >= -2.0 and sampled.max() <= 2.0 and (sampled == 2.0).any()  # clipped to the space
+    assert (np.abs(sampled - mean) > 0.1).mean() > 0.5
 
 
 # ---------------------------------------------------------------- learn
@@ -209,7 +244,7 @@ def test_get_set_weights_round_trip():
     assert wa.keys() == wb.keys()
     for k in wa:
         np.testing.assert_array_equal(wa[k], wb[k])
-    np.testing.assert_array_equal(a.act_eval(obs), b.act_eval(obs))
+    np.testing.assert_array_equal(a.act_eval(obs, np.random.default_rng(0)), b.act_eval(obs, np.random.default_rng(1)))
     np.testing.assert_array_equal(a.values(obs), b.values(obs))
 
 
@@ -270,7 +305,7 @@ def test_ppo_box_actions_off_centre_act_in_the_middle_and_learn():
     torch.manual_seed(0)
     policy = create_policy(cfg, spec, device="cpu")
     obs = np.zeros((256, 2), np.float32)
-    greedy = policy.act_eval(obs[:1])
+    greedy = policy.act_eval(obs[:1], np.random.default_rng(0))
     assert 104.0 < greedy[0, 0] < 106.0, greedy  # the middle of the bounds, not the edge at 100
     env_action, _ = policy.act(obs, {}, np.random.default_rng(0))
     assert env_action.min() >= 100.0 and env_action.max() <= 110.0 and env_action.std() > 1.0
@@ -279,4 +314,4 @@ def test_ppo_box_actions_off_centre_act_in_the_middle_and_learn():
         reward = -np.abs(env_action[:, 0] - 107.0).astype(np.float32)
         policy.learn({"obs": obs, "action": rec["action"], "logp": rec["logp"], "value": rec["value"],
                       "adv": reward - rec["value"], "ret": reward})
-    assert abs(policy.act_eval(obs[:1])[0, 0] - 107.0) < 0.5
+    assert abs(policy.act_eval(obs[:1], np.random.default_rng(0))[0, 0] - 107.0) < 0.5

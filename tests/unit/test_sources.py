@@ -18,7 +18,7 @@ from common.config import compile_config
 from workers.collector import ChunkBuilder
 from workers.sources import create_source
 from workers.sources.on_policy import OnPolicySource, RolloutQueue
-from workers.sources.replay import ReplayFeeder
+from workers.sources.replay import ReplayFeeder, envstep_limit_after, ratio_allows
 
 EXP = "src_test"
 SCHEMA = {"obs": ((2,), np.dtype(np.float32)), "action": ((), np.dtype(np.int64)), "adv": ((), np.dtype(np.float32))}
@@ -179,43 +179,68 @@ def test_replay_ratio_limits_iterations_per_env_step(fake_redis, dqn_cfg):
     learner, reader = FakeLearner(), fake_reader(env_steps=100)
     src = feeder(fake_redis, dqn_cfg, learner, reader)
     src.store.extend(chunk(20, 0.0))
-    # 0.5 iterations per env step over 100 env steps: iterations 0..49 run, the 51st waits.
-    assert iterations_allowed(src, learner) == 50
+    # Learning starts at replay_start_size (10) env steps: one iteration there, then 0.5 per env
+    # step over the other 90: iterations 0..45 run, the 47th waits.
+    assert iterations_allowed(src, learner) == 46
     assert not src.ratio_ok(src.envstep())
-    assert learner.train_iter / 100 <= 0.5
     reader.env_steps = 110  # ten more env steps: five more iterations
     assert iterations_allowed(src, learner) == 5
 
 
+@pytest.mark.parametrize("start, ratio", [(10, 0.5), (10_000, 1.0), (2000, 0.25)])
+def test_no_catch_up_once_learning_starts(fake_redis, dqn_cfg, start, ratio):
+    # SAC HalfCheetah: 10k random warm-up env steps at one update per env step. Counted from env
+    # step 0, the learner would owe 10k updates at the start while collectors wait.
+    dqn_cfg.policy.other.replay_buffer.update(replay_start_size=start, replay_buffer_size=start + 100)
+    dqn_cfg.policy.learn.train_iter_per_env_step = ratio
+    learner, reader = FakeLearner(), fake_reader(env_steps=start - 1)
+    src = feeder(fake_redis, dqn_cfg, learner, reader)
+    src.store.extend(chunk(20, 0.0))
+    assert iterations_allowed(src, learner) == 0  # warm-up
+    reader.env_steps = start
+    assert iterations_allowed(src, learner) == 1  # learning starts: one iteration, no more
+    reader.env_steps = start + 100
+    assert iterations_allowed(src, learner) == int(100 * ratio)  # then the ratio, per env step
+    # Collectors may run max_env_step_lead (256) past what the next iteration needs, no further.
+    assert src.envstep_limit(learner.train_iter) == start + 100 + round(1 / ratio) + 256
+
+
 def test_replay_ratio_counts_from_this_learners_start(fake_redis, dqn_cfg):
-    # A restarted learner: 1000 env steps consumed and 7 iterations done before it started.
+    # A restarted learner: 1000 env steps consumed and 7 iterations done before it started. Its
+    # buffer starts empty, so it refills replay_start_size (10) env steps, then trains at the ratio.
     learner, reader = FakeLearner(train_iter=7), fake_reader(env_steps=0, env_steps_base=1000)
     src = feeder(fake_redis, dqn_cfg, learner, reader)
     src.store.extend(chunk(20, 0.0))
     assert src.envstep() == 1000
     assert iterations_allowed(src, learner) == 0  # nothing new consumed yet
+    reader.env_steps = 9
+    assert iterations_allowed(src, learner) == 0  # the refill is not done
     reader.env_steps = 100
     assert src.envstep() == 1100
-    assert iterations_allowed(src, learner) == 50
-    assert learner.train_iter == 57
+    assert iterations_allowed(src, learner) == 1 + 45
+    assert learner.train_iter == 7 + 46
 
 
-def test_replay_waits_for_replay_start_size(fake_redis, dqn_cfg):
-    learner = FakeLearner()
-    src = feeder(fake_redis, dqn_cfg, learner, fake_reader(env_steps=1000))
+def test_replay_waits_for_replay_start_size_env_steps_and_a_row(fake_redis, dqn_cfg):
+    learner, reader = FakeLearner(), fake_reader(env_steps=9)
+    src = feeder(fake_redis, dqn_cfg, learner, reader)
     src.store.extend(chunk(9, 0.0))
-    assert src.ratio_ok(src.envstep()) and not src._ready(src.envstep())
-    src.store.extend(chunk(1, 0.0))
+    assert not src._ready(src.envstep())
+    reader.env_steps = 10
     assert src._ready(src.envstep())
     batch = src._take()
     assert batch["obs"].shape == (4, 2)
+    empty = feeder(fake_redis, dqn_cfg, FakeLearner(), fake_reader(env_steps=1000))
+    assert not empty._ready(empty.envstep())  # nothing to sample yet
 
 
-def test_replay_ratio_zero_disables_the_limiter(fake_redis, dqn_cfg):
+def test_replay_ratio_zero_disables_the_limiter_past_the_start(fake_redis, dqn_cfg):
     dqn_cfg.policy.learn.train_iter_per_env_step = 0.0
-    learner = FakeLearner()
-    src = feeder(fake_redis, dqn_cfg, learner, fake_reader(env_steps=0))
+    learner, reader = FakeLearner(), fake_reader(env_steps=0)
+    src = feeder(fake_redis, dqn_cfg, learner, reader)
     src.store.extend(chunk(20, 0.0))
+    assert iterations_allowed(src, learner) == 0
+    reader.env_steps = 10
     assert iterations_allowed(src, learner, cap=500) == 500
     assert src.envstep_limit(10**6) >= 2**62
 
@@ -224,15 +249,27 @@ def test_envstep_limit_grows_with_train_iter(fake_redis, dqn_cfg):
     learner, reader = FakeLearner(train_iter=7), fake_reader(env_steps=40, env_steps_base=1000)
     src = feeder(fake_redis, dqn_cfg, learner, reader)
     src.envstep()  # first call fixes the base (as the learner's before_run does)
-    # base 1000 + max(replay_start_size 10, iterations / 0.5) + lead 256
+    # base 1000 + replay_start_size 10 + iterations / 0.5 + lead 256
     assert src.envstep_limit(7) == 1000 + 10 + 256
-    assert src.envstep_limit(7 + 100) == 1000 + 200 + 256
-    assert src.envstep_limit(7 + 1000) == 1000 + 2000 + 256
+    assert src.envstep_limit(7 + 100) == 1000 + 10 + 200 + 256
+    assert src.envstep_limit(7 + 1000) == 1000 + 10 + 2000 + 256
     limits = [src.envstep_limit(i) for i in range(7, 2000, 97)]
     assert limits == sorted(limits) and limits[-1] > limits[0]
     # Env steps the reader consumed since do not move the base.
     reader.env_steps = 500
-    assert src.envstep_limit(107) == 1000 + 200 + 256
+    assert src.envstep_limit(107) == 1000 + 10 + 200 + 256
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.25, 0.29, 0.5, 1.0, 2.0, 4.0])
+def test_envstep_limit_admits_exactly_what_the_next_iteration_needs(ratio):
+    # With no lead, collectors may send exactly the env steps that let the learner make its next
+    # iteration: a larger limit would run ahead of the ratio, a smaller one would deadlock.
+    start = 50
+    for iters in range(0, 400):
+        limit = envstep_limit_after(iters, start, ratio, lead=0)
+        assert ratio_allows(iters, limit, start, ratio)
+        assert not ratio_allows(iters, limit - 1, start, ratio)
+        assert envstep_limit_after(iters, start, ratio, lead=7) == limit + 7
 
 
 def test_replay_feeder_call_returns_a_sampled_batch_then_none_at_stop(fake_redis, dqn_cfg):

@@ -17,6 +17,7 @@ from common.config import compile_config
 from common.policy import create_policy
 from common.spaces import SpaceError, SpaceSpec
 from tests.conftest import REPO
+from tests.fakes import FakeComm
 
 SHIFTED_ID = "RqrlTestShiftedActions-v0"
 IMAGE_ID = "RqrlTestImageObs-v0"
@@ -141,7 +142,7 @@ def test_policies_act_on_every_supported_env(env_id, algo):
         batch = spec.obs_batch(np.asarray(obs)[None])
         setting = {"eps": 0.5} if algo == "dqn" else {}
         env_action, record = policy.act(batch, setting, np.random.default_rng(0))
-        for a in (env_action[0], policy.act_eval(batch)[0]):
+        for a in (env_action[0], policy.act_eval(batch, np.random.default_rng(0))[0]):
             assert env.action_space.contains(np.asarray(a, dtype=env.action_space.dtype)), (env_id, a)
             env.step(a)
         for name, (shape, dtype) in policy.schema().items():
@@ -176,6 +177,7 @@ def test_unknown_env_id_refused_naming_the_key():
 
 def test_dqn_actions_of_discrete_with_negative_start():
     cfg = cfg_for(SHIFTED_ID)
+    cfg.policy.eval.eps = 0.0  # greedy evals
     spec = spaces.probe(cfg)
     assert (spec.action_kind, spec.action_n, spec.action_start) == ("discrete", 3, -1)
     spaces.check_model(cfg, spec)
@@ -183,7 +185,7 @@ def test_dqn_actions_of_discrete_with_negative_start():
     policy = create_policy(cfg, spec, modes=("collect", "eval"), device="cpu")
     obs = np.random.default_rng(1).uniform(-1, 1, (256, 2)).astype(np.float32)
 
-    greedy = policy.act_eval(obs)
+    greedy = policy.act_eval(obs, np.random.default_rng(0))
     assert greedy.min() >= -1 and greedy.max() <= 1
     with torch.no_grad():
         q = policy.model(torch.as_tensor(obs))
@@ -216,7 +218,7 @@ def test_ppo_actions_of_discrete_with_negative_start():
     env_action, record = policy.act(obs, {}, np.random.default_rng(2))
     assert set(env_action.tolist()) == {-1, 0, 1}  # near-uniform initial policy
     np.testing.assert_array_equal(record["action"], env_action + 1)
-    greedy = policy.act_eval(obs)
+    greedy = policy.act_eval(obs, np.random.default_rng(0))
     assert greedy.min() >= -1 and greedy.max() <= 1
 
 
@@ -322,38 +324,6 @@ def test_rqrl_train_refuses_wrong_action_shape_before_launching(monkeypatch, cap
 
 
 # ---------------------------------------------------------------- a collector task on every space
-
-class FakeComm:
-    """What workers/collector.py calls on RedisCommCollector, in memory: one published version, kept."""
-
-    def __init__(self, weights) -> None:
-        self.weights, self.sent, self.meta = weights, [], []
-        self.policy_version, self.policy_published_at, self.stop_flag, self.limiter_wait_s = 0, 0.0, False, 0.0
-        self.policy_envstep = 0  # env steps counted when the held version was published
-
-    def wait_for_policy(self, timeout):
-        pass
-
-    def get_policy_update_info(self):
-        return self.weights
-
-    def poll_stop(self):
-        return False
-
-    def send_stepdata(self, data_id, arrays, codec="none"):
-        assert codec == "none"  # flat observations are not compressed by default
-        self.sent.append(arrays)
-        return 1
-
-    def send_metadata(self, meta):
-        self.meta.append(meta)
-
-    def flush(self):
-        return False
-
-    def wait_for_policy_update(self, timeout):
-        return False
-
 
 @pytest.mark.parametrize("env_id,algo", [("Pendulum-v1", "ppo"), ("MountainCarContinuous-v0", "ppo"), ("Acrobot-v1", "dqn"),
                                          ("FrozenLake-v1", "dqn"), ("Taxi-v4", "ppo"), ("CliffWalking-v1", "dqn"),

@@ -1,14 +1,20 @@
 """Off-policy data: a replay buffer (uniform, or prioritized with ``replay_buffer.priority``),
 sampled under the replay-ratio limiter.
 
-The learner trains at most ``train_iter_per_env_step`` iterations per env step received
-(counted from this learner's start), once ``replay_start_size`` transitions are stored. The
-collector side of the limiter: each published policy carries an ``envstep_limit`` (what the
-ratio justifies plus ``max_env_step_lead``) past which collectors wait (workers/comm_collector.py).
+The rule (:func:`ratio_allows`), in env steps and train iterations counted from the learner's
+start (its bases: the env steps the buffer had consumed and the train_iter it loaded): learning
+starts once ``replay_start_size`` env steps were consumed, and iteration ``k`` (0-based) may run
+once ``train_iter_per_env_step * (env steps - replay_start_size) >= k``: one iteration at the
+start, then the ratio per env step, with no catch-up for the warm-up (CleanRL's and SB3's DQN /
+SAC do one update per env step from ``learning_starts``; the MinAtar reference likewise). The
+collector side: each published policy carries ``envstep_limit`` = base + ``replay_start_size`` +
+``k / ratio`` + ``max_env_step_lead`` (:func:`envstep_limit_after`), past which collectors wait
+(workers/comm_collector.py). tests/bench/bench_serial.py applies the same two functions.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -24,14 +30,37 @@ if TYPE_CHECKING:
     from workers.learner import BaseLearner
 
 
+def ratio_allows(iters: int, env_steps: int, start: int, ratio: float) -> bool:
+    """Whether a learner that made ``iters`` train iterations since it started may make another,
+    having consumed ``env_steps`` env steps since it started (module docstring). ``ratio`` <= 0:
+    no limit past the start."""
+    if env_steps < start:
+        return False
+    return ratio <= 0 or iters <= ratio * (env_steps - start) + 1e-9  # the epsilon absorbs float rounding
+
+
+def envstep_limit_after(iters: int, start: int, ratio: float, lead: int) -> int:
+    """Env steps (since the learner started) collectors may have sent once it made ``iters`` train
+    iterations: those that allow the next iteration (:func:`ratio_allows`) plus ``lead``."""
+    if ratio <= 0:
+        return 2**62
+    return start + math.ceil(iters / ratio - 1e-9) + lead
+
+
 class ReplayFeeder(DataSource):
     """``learner.get_data``: a uniformly sampled batch once data and the replay ratio allow.
 
+    Learning starts once the learner consumed ``replay_start_size`` env steps since it started
+    (each consumed env step is one row in its buffer) and holds a row; a learner that resumed
+    from a checkpoint starts with an empty buffer, so it waits for that many env steps again
+    (the stream's unread chunks count), then trains at the ratio, with no catch-up for the env
+    steps before the resume or during the refill.
+
     One rank of a learner group of ``group_size`` ranks (workers/ddp.py) keeps
     ``replay_buffer_size / group_size`` rows (the ranks' buffers together hold one learner's),
-    and starts once the group consumed ``replay_start_size`` env steps since it started and this
-    rank holds a row: a rank-local start would wait for rows the consumer group may have handed
-    to the other ranks, past what the collectors may send before the first update.
+    and counts the env steps the whole group consumed: a rank-local count would wait for rows
+    the consumer group may have handed to the other ranks, past what the collectors may send
+    before the first update.
     """
 
     def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
@@ -57,23 +86,18 @@ class ReplayFeeder(DataSource):
         self._rng = np.random.default_rng(seed)
 
     def envstep_limit(self, train_iter: int) -> int:
-        """Env steps collectors may have sent by ``train_iter``: what the ratio justifies plus a lead."""
-        if self._ratio <= 0:
-            return 2**62
-        self.envstep()  # sets the base on the first call
-        base = self._base_envstep or 0
-        return int(base + max(self._start, (train_iter - self._base_iter) / self._ratio) + self._lead)
+        """Env steps collectors may have sent by ``train_iter`` (:func:`envstep_limit_after` from the base)."""
+        self.envstep()  # sets the bases on the first call
+        return int((self._base_envstep or 0) + envstep_limit_after(train_iter - self._base_iter, self._start,
+                                                                   self._ratio, self._lead))
 
     def ratio_ok(self, envstep: int) -> bool:
-        """True while another train iteration keeps within ``train_iter_per_env_step``."""
-        return self._ratio <= 0 or self._learner.train_iter - self._base_iter < self._ratio * (envstep - self._base_envstep)
+        """True once learning started and another train iteration keeps within the ratio (:func:`ratio_allows`)."""
+        return ratio_allows(self._learner.train_iter - self._base_iter, envstep - (self._base_envstep or 0),
+                            self._start, self._ratio)
 
     def _ready(self, envstep: int) -> bool:
-        if self.group_size > 1:
-            started = len(self.store) > 0 and envstep - (self._base_envstep or 0) >= self._start
-        else:
-            started = len(self.store) >= self._start
-        return started and self.ratio_ok(envstep)
+        return len(self.store) > 0 and self.ratio_ok(envstep)
 
     def _take(self) -> dict[str, np.ndarray]:
         if isinstance(self.store, PrioritizedReplayBuffer):

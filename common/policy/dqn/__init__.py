@@ -15,6 +15,9 @@ CONFIG: dict[str, Any] = dict(
     model=dict(hidden_size_list=[128, 128], dueling=True),
     learn=dict(batch_size=64, learning_rate=1e-3, target_update_freq=100, huber_delta=1.0, grad_clip_norm=10.0),
     other=dict(eps=dict(type="exp", start=0.95, end=0.1, decay=10000)),
+    # Evals act epsilon-greedy with this epsilon (0.05 as Nature DQN's evaluation and CleanRL's
+    # dqn evaluate): a greedy policy stuck in a state it never leaves would play until the cut-off.
+    eval=dict(eps=0.05),
 )
 
 

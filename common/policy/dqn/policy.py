@@ -18,7 +18,8 @@ Learn step (van Hasselt et al. 2016, double DQN)::
 The target network is copied from the online one every ``target_update_freq`` train iterations.
 With prioritized replay the batch carries importance-sampling weights (field ``weight``) that
 scale each row's loss, and ``learn`` returns the rows' |TD error| as new priorities.
-Acting is epsilon-greedy with ``eps`` from the task's collect setting (common/policy/dqn/__init__.py).
+Acting is epsilon-greedy with ``eps`` from the task's collect setting (common/policy/dqn/__init__.py);
+evals too, with the fixed ``policy.eval.eps`` (0.05 as Nature DQN; 0 = greedy).
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class DQNPolicy(Policy):
         self._nstep = int(p.nstep)
         if self._nstep < 1:
             raise ValueError(f"config key 'policy.nstep' must be >= 1, got {self._nstep}")
+        self._eval_eps = p.eval.eps
+        if isinstance(self._eval_eps, bool) or not isinstance(self._eval_eps, (int, float)) \
+                or not 0.0 <= self._eval_eps <= 1.0:
+            raise ValueError(f"config key 'policy.eval.eps' must be in [0, 1], got {self._eval_eps!r}")
         self.device = pick_device(cfg, device)
         self.model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling, p.model).to(self.device)
         if "learn" in self.modes:
@@ -151,15 +156,21 @@ class DQNPolicy(Policy):
         q = self.model(nets.obs_tensor(self.spec, obs, self.device))
         return q.argmax(dim=1).cpu().numpy()
 
-    def act_eval(self, obs: np.ndarray) -> np.ndarray:
-        return self._greedy(obs) + self.spec.action_start
+    def _eps_greedy(self, obs: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+        """Action indices int64 (E,): greedy, or uniform with probability ``eps`` per env."""
+        idx = self._greedy(obs)
+        explore = rng.random(len(idx)) < eps
+        if explore.any():
+            idx[explore] = rng.integers(0, self.spec.action_n, size=int(explore.sum()))
+        return idx
+
+    def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy with ``policy.eval.eps`` (greedy at 0)."""
+        return self._eps_greedy(obs, float(self._eval_eps), rng) + self.spec.action_start
 
     def act(self, obs: np.ndarray, setting: dict[str, Any], rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Epsilon-greedy over one batched forward; ``setting["eps"]`` is the exploration rate."""
-        idx = self._greedy(obs)
-        explore = rng.random(len(idx)) < float(setting["eps"])
-        if explore.any():
-            idx[explore] = rng.integers(0, self.spec.action_n, size=int(explore.sum()))
+        idx = self._eps_greedy(obs, float(setting["eps"]), rng)
         return idx + self.spec.action_start, {"action": idx}
 
     def make_adder(self, env_num: int, setting: dict[str, Any]) -> NStepAdder:

@@ -28,6 +28,10 @@ CONFIG: dict[str, Any] = dict(
         grad_clip_norm=0.5,
     ),
     collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95),
+    # Evals act with the most likely action (Discrete) / the mean (Box); True samples from the
+    # policy as in training (from the eval's own seeded generator), so a policy that is nearly
+    # sure of a do-nothing action cannot stall a game that waits for another one.
+    eval=dict(sample=False),
 )
 
 

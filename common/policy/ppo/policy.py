@@ -144,10 +144,20 @@ class PPOPolicy(Policy):
                                  "value": value.cpu().numpy().astype(np.float32)}
 
     @torch.no_grad()
-    def act_eval(self, obs: np.ndarray) -> np.ndarray:
+    def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The most likely action / the mean; with ``policy.eval.sample`` a sample drawn with ``rng``."""
         dist, _ = self.model(self._x(obs))
-        a = dist.mean if self.continuous else dist.probs.argmax(dim=-1)
-        return self._to_env(a.cpu().numpy())
+        if not self.cfg.policy.eval.sample:
+            a = dist.mean if self.continuous else dist.probs.argmax(dim=-1)
+            return self._to_env(a.cpu().numpy())
+        if self.continuous:
+            mean, std = dist.mean.cpu().numpy(), dist.stddev.cpu().numpy()
+            return self._to_env((mean + std * rng.standard_normal(mean.shape)).astype(np.float32))
+        # Inverse-CDF sampling: the first action whose cumulative probability exceeds a uniform draw.
+        cdf = dist.probs.cpu().numpy().astype(np.float64).cumsum(axis=1)
+        u = rng.random((len(cdf), 1)) * cdf[:, -1:]
+        idx = np.minimum((cdf <= u).sum(axis=1), cdf.shape[1] - 1).astype(np.int64)
+        return self._to_env(idx)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
@@ -156,8 +166,7 @@ class PPOPolicy(Policy):
 
     def make_adder(self, env_num: int, setting: dict[str, Any]) -> "GAEAdder":
         c = self.cfg.policy.collect
-        rows = int(setting.get("rollout_rows", c.n_sample))
-        return GAEAdder(self, env_num, max(1, math.ceil(rows / env_num)), float(c.discount_factor), float(c.gae_lambda))
+        return GAEAdder(self, env_num, setting, int(c.n_sample), float(c.discount_factor), float(c.gae_lambda))
 
     # ------------------------------------------------------------------ learn
     def learn(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
@@ -224,24 +233,41 @@ class PPOPolicy(Policy):
 
 
 class GAEAdder:
-    """Collects ``T`` steps per env, then emits the segment's ``T * E`` rows with GAE (module docstring)."""
+    """Collects ``T`` steps per env, then emits the segment's ``T * E`` rows with GAE (module docstring).
 
-    def __init__(self, policy: PPOPolicy, env_num: int, horizon: int, gamma: float, lam: float) -> None:
-        self._policy, self._env_num, self.horizon, self._gamma, self._lam = policy, env_num, horizon, gamma, lam
+    ``T`` = ceil(``setting["rollout_rows"]`` / E) (``n_sample`` without one), read at the start
+    of every segment from the collector's live setting dict, so a change of the collector count
+    mid-task changes the next segment's length.
+    """
+
+    def __init__(self, policy: PPOPolicy, env_num: int, setting: dict[str, Any], n_sample: int, gamma: float,
+                 lam: float) -> None:
+        self._policy, self._env_num, self._setting, self._n_sample = policy, env_num, setting, n_sample
+        self._gamma, self._lam = gamma, lam
         self._reset()
 
     def _reset(self) -> None:
         self._steps: list[dict[str, np.ndarray]] = []
         self._final: list[tuple[int, int, np.ndarray]] = []  # (t, env, final obs) of truncated episodes
+        self._horizon = 0  # the segment under way's length, fixed at its first step
+
+    @property
+    def horizon(self) -> int:
+        """Steps per env of the segment under way, or of the next one when none is."""
+        if self._steps:
+            return self._horizon
+        return max(1, math.ceil(int(self._setting.get("rollout_rows", self._n_sample)) / self._env_num))
 
     def add(self, obs: np.ndarray, record: dict[str, np.ndarray], reward: np.ndarray, next_obs: np.ndarray,
             terminated: np.ndarray, truncated: np.ndarray) -> Optional[dict[str, np.ndarray]]:
         t = len(self._steps)
+        if t == 0:  # a new segment: its length from the setting as it is now
+            self._horizon = self.horizon
         self._steps.append(dict(record, obs=obs.copy(), reward=np.asarray(reward, np.float32),
                                 terminated=np.asarray(terminated, bool), truncated=np.asarray(truncated, bool)))
         for i in np.flatnonzero(truncated & ~terminated):
             self._final.append((t, int(i), next_obs[i].copy()))
-        if len(self._steps) == self.horizon:
+        if len(self._steps) == self._horizon:
             return self._finish(next_obs)
         return None
 

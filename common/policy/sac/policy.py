@@ -143,7 +143,8 @@ class SACPolicy(Policy):
         return self._to_env(a), {"action": a}
 
     @torch.no_grad()
-    def act_eval(self, obs: np.ndarray) -> np.ndarray:
+    def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The deterministic tanh(mean) action, as in the SAC paper's evaluation (``rng`` unused)."""
         mu, _ = self.model.actor(nets.obs_tensor(self.spec, obs, self.device))
         return self._to_env(torch.tanh(mu).cpu().numpy())
 
