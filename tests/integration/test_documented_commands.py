@@ -148,8 +148,9 @@ def _options(doc_argv: list[str]) -> list[str]:
 
 
 def _only_options(rest: list[str]) -> bool:
-    """A span like `rqrl train --name` or `rq worker --burst`: it names options, runs nothing."""
-    return all(a.startswith("-") for a in rest)
+    """A span like `rqrl train --name`, `rqrl eval --seed S` or `rq worker --burst`: options (each
+    with at most one value), no positional argument: it names options, it is not a command line."""
+    return all(a.startswith("-") or (i > 0 and rest[i - 1].startswith("-")) for i, a in enumerate(rest))
 
 
 def test_every_documented_command_runs_as_documented(tiny_run):
