@@ -228,7 +228,9 @@ class Sweep(Launcher):
                        [config_path, "--out-dir", ".", "--run-name", run_name, "--seed", str(s),
                         "--started-at", repr(self.started_at), *self.coordinator_args,
                         f"--set=commander.collector_task_space={self.share}"], env, extra)
-        # One learner worker per run (each run's learner task).
+        # One learner worker per run (each run's learner task). RQ hands any run's task to any
+        # collector worker: each keeps the envs of every run of the sweep (workers/live_envs.py).
+        env["RQRL_ENV_CACHE_RUNS"] = str(max(2, len(self.seeds)))
         self._start_workers(env, extra, len(self.seeds), "sweep-")
         print(f"sweep of seeds {self.seeds}: runs {', '.join(self.run_names.values())} in ./{self.cfg.exp_name}/, "
               f"up to {self.share} collector tasks each; logs in {self.log_dir}/", file=sys.stderr)

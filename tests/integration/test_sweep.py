@@ -59,6 +59,13 @@ def test_sweep_of_two_seeds_on_one_redis_and_fleet(tmp_path, real_redis, redis_s
         assert int(real_redis.get(keys.envstep(ns))) == stats["produced_env_steps"] > 0, stats
         # Fair share: at most one collector task of this run at once (commander.collector_task_space = 2 // 2).
         assert int(real_redis.hget(keys.commander(ns), "collector_task_space")) == 1
+        # The collector workers serve both runs' tasks and keep each run's envs: one build per worker and run.
+        evs = [streams.decode_fields(raw) for _, raw in real_redis.xrange(keys.events(ns))]
+        builds: dict[str, int] = {}
+        for e in evs:
+            if e["type"] == "finished" and e["task_type"] == "collector" and not e["eval_flag"]:
+                builds[e["worker"]] = builds.get(e["worker"], 0) + int(e["env_built"])
+        assert builds and max(builds.values()) == 1, builds
     # No task of one run shows on the other's stream; different buffers, policies and run ids.
     assert not set().union(*seen[0].values()) & set().union(*seen[1].values())
     assert summaries[0]["buffer_id"] != summaries[1]["buffer_id"] and summaries[0]["run_id"] != summaries[1]["run_id"]
