@@ -17,8 +17,8 @@ of the spaces, ``rqrl eval``) goes through here, so they all see the same spaces
     wrappers   env.wrappers = [dict(type="module:Class", kwargs={...}, train_only=False), ...],
                applied in order after the preset (any gymnasium wrapper, or your own), except
                wrappers with running statistics across episodes (NormalizeObservation,
-               NormalizeReward): refused, since envs are rebuilt for every task and statistics
-               would not travel with the policy.
+               NormalizeReward): refused, since every collector, eval task and `rqrl eval`
+               has envs of its own and the statistics would not travel with the policy.
 
 MinAtar ids (``MinAtar/Breakout-v0``, ...; the ``minatar`` extra) work without an import of
 the user's: gymnasium 1.x does not load MinAtar's plugin, so the first env id that starts with
@@ -37,18 +37,18 @@ from typing import Any, Callable
 PRESETS = ("", "atari")
 MINATAR_PREFIX = "MinAtar/"
 
-# Wrappers that keep running statistics across episodes (gymnasium's normalisers). Each collector
-# task, eval task and `rqrl eval` builds its envs anew, so their statistics would restart from
-# scratch every time and never reach final.pt: refused by name.
+# Wrappers that keep running statistics across episodes (gymnasium's normalisers). Each collector,
+# eval task and `rqrl eval` has envs of its own, so the statistics would differ between them and
+# never reach final.pt: refused by name.
 STATEFUL_WRAPPERS = ("NormalizeObservation", "NormalizeReward")
 
 
 def _stateful_error(i: int, type_: str) -> "EnvConfigError":
     return EnvConfigError(
         f"config key 'env.wrappers[{i}].type': {type_!r} keeps running statistics across episodes, which rqrl "
-        "cannot carry between tasks, into final.pt or to `rqrl eval` (every task would restart them from "
-        "scratch, and the policy would be evaluated on differently scaled inputs); normalise in the env itself "
-        "with fixed statistics, or leave the wrapper out")
+        "cannot carry between collectors, eval tasks, final.pt and `rqrl eval` (each has envs of its own, so "
+        "the policy would be evaluated on differently scaled inputs); normalise in the env itself with fixed "
+        "statistics, or leave the wrapper out")
 
 
 class EnvConfigError(ValueError):
