@@ -79,7 +79,7 @@ def run_case(name: str, mode: str, timeout: float = 1800.0) -> dict[str, Any]:
     for e in train:
         builds[e["worker"]] = builds.get(e["worker"], 0) + int(e.get("env_built", True))
     finished = sum(int(e["real_episode_count"]) for e in train)
-    steps = sum(int(e["avg_step_per_episode"] * e["real_episode_count"]) for e in train)
+    steps = sum(int(e.get("avg_step_per_episode", 0) * e["real_episode_count"]) for e in train)
     return {"case": name, "mode": mode, "worker": WORKER[mode], "env_step_budget": budget,
             "task_env_steps": old_task if mode == "old" else None, "tasks": len(train),
             "episodes_finished": finished, "episodes_cut_by_task_ends": sum(int(e.get("episodes_cut", 0)) for e in train),

@@ -201,3 +201,18 @@ def test_cache_sweeps_idle_envs_and_closes_a_stopped_run():
     assert cache.close_run("y", "r") == 1 and lives["y"].env.closed == 1
     cache.close_all()
     assert lives["z"].env.closed == 1 and len(cache) == 0
+
+
+def test_a_task_that_finished_no_episode_sends_no_reward():
+    """No finished episode, no number: the finish info leaves out reward and episode figures
+    rather than reporting 0.0 (issue: a zero-episode eval was stored as 0.0 and exported)."""
+    from workers.collector import finish_info
+
+    stats = EpisodeStats(2)
+    stats.step(np.array([-1.0, -1.0]), np.array([False, False]))
+    info = finish_info(stats, 2, 0.5, 3, eval_flag=True)
+    assert info["real_episode_count"] == 0
+    assert not {"reward_mean", "reward_std", "avg_step_per_episode", "avg_time_per_episode"} & set(info)
+    stats.step(np.array([-1.0, -1.0]), np.array([True, False]))
+    info = finish_info(stats, 4, 1.0, 3, eval_flag=True)
+    assert info["reward_mean"] == -2.0 and info["avg_step_per_episode"] == 2.0
