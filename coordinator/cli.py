@@ -42,11 +42,60 @@ def _check_redis(url: str | None, cfg, allow_eviction: bool, collectors: int) ->
         conn.close()
 
 
+def _pick_config(args: argparse.Namespace) -> None:
+    """Set ``args.config`` from ``--env`` / ``--algo`` (a tuned preset, common/presets.py), or check
+    that a config file was given instead; ``args.preset`` is the preset or None.
+
+    Raises:
+        ConfigError: both or neither of CONFIG and ``--env``, ``--algo`` without ``--env``, or no
+            preset for them (the message lists the presets).
+    """
+    from common import presets
+
+    args.preset = None
+    if args.env is None:
+        if args.algo is not None:
+            raise ConfigError("--algo picks a preset for --env ID: give --env too (or a config file alone)")
+        if args.config is None:
+            raise ConfigError(f"give a config file (see deploy/configs/) or --env ID [--algo NAME] for a tuned "
+                              f"preset; presets:\n{presets.listing()}")
+        return
+    if args.config is not None:
+        raise ConfigError(f"give a config file or --env, not both (--env {args.env} picks its own config file)")
+    try:
+        args.preset = presets.find(args.env, args.algo)
+    except presets.NoPreset as e:
+        raise ConfigError(str(e)) from None
+    args.config = str(args.preset.path)
+    print(f"preset for {args.preset.env_id}: {args.preset.algo}, config {_shown(args.preset.path)}", file=sys.stderr)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder when it is below it (as users type it), else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _probe(cfg, preset) -> None:
+    """Env spaces against ``policy.model`` (spaces.check_model); a preset whose env cannot be
+    built names the pip extra it needs."""
+    try:
+        spaces.check_model(cfg, spaces.probe(cfg))
+    except spaces.SpaceError as e:
+        if preset is not None and preset.extra:
+            raise spaces.SpaceError(f"{e} (the {preset.env_id} preset needs the {preset.extra} extra: "
+                                    f"pip install -e \".[{preset.extra}]\")") from None
+        raise
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """``rqrl train``. Everything checkable from the config, the env's spaces and the URL is checked
     before any process, folder, ``latest`` link or Redis key is made (a refusal takes ~1-2 s).
     The run's clock starts here, at the launch."""
     started_at = time.time()
+    _pick_config(args)
     cfg = _load(args.config, args.overrides, args.seed)
     if args.collectors < 1:
         raise ConfigError("--collectors must be >= 1")
@@ -79,7 +128,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.seed = seed
         cfg = _load(args.config, args.overrides, seed)
     # Env spaces against policy.model before anything is launched (fails in one line).
-    spaces.check_model(cfg, spaces.probe(cfg))
+    _probe(cfg, args.preset)
     if cfg.policy.cuda is True:  # the learner runs here: no CUDA here means it would fail at start
         # Asked through NVML, the check leaves CUDA uninitialised in this process: the learner is
         # forked from it, and CUDA initialised before a fork cannot be used after it.
@@ -119,7 +168,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from coordinator.sweep import Sweep, parse_seeds
 
     started_at = time.time()
-
+    _pick_config(args)
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as e:
@@ -128,7 +177,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     collectors = args.collectors if args.collectors is not None else 2 * len(seeds)
     if collectors < 1 or args.eval_episodes < 0:
         raise ConfigError("--collectors must be >= 1 and --eval-episodes >= 0")
-    spaces.check_model(cfg, spaces.probe(cfg))
+    _probe(cfg, args.preset)
     _check_redis(args.redis_url, cfg, args.allow_eviction, collectors)
     if args.dry_run:
         print(f"dry run: config, env spaces{' and Redis' if args.redis_url else ''} checked; would run seeds {seeds} "
@@ -142,6 +191,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return code
     sweep.report()
     return code
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from common import presets
+
+    print("Presets (rqrl train --env ID [--algo NAME]; the first algorithm of an env is its default):")
+    print(presets.listing())
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -169,6 +226,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
+    _pick_config(args)
     cfg = _load(args.config, args.overrides, None)
     try:
         spec = spaces.probe(cfg)
@@ -197,13 +255,22 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def _add_preset_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", default=None, help="config file (see deploy/configs/); or --env")
+    p.add_argument("--env", default=None, metavar="ID",
+                   help="a gymnasium env id: use its tuned preset instead of a config file (rqrl presets lists them)")
+    p.add_argument("--algo", default=None, metavar="NAME",
+                   help="with --env: the preset of this algorithm (dqn, ppo, sac; default: the env's first preset)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rqrl", description="Distributed RL training on Redis and RQ.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     url_help = "redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)"
     t = sub.add_parser("train", help="train on this machine: Redis, coordinator and workers as child processes")
-    t.add_argument("config", help="config file (see deploy/configs/)")
+    _add_preset_arguments(t)
     t.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
     t.add_argument("--collectors", type=int, default=2, help="collector workers to start (default 2), plus one kept free for evaluation; "
                    "the run's collector tasks follow the live workers")
@@ -225,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("sweep", help="the seeds of one config as concurrent runs on one Redis and worker fleet; "
                                      "then a table and a plot across seeds")
-    w.add_argument("config", help="config file (see deploy/configs/)")
+    _add_preset_arguments(w)
     w.add_argument("--seeds", required=True, help="e.g. 0-4, or 1,3,7")
     w.add_argument("--collectors", type=int, default=None,
                    help="collector tasks at once across the sweep (default 2 per seed); each run gets an equal share "
@@ -241,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the config, the env's spaces and --redis-url, then exit without starting anything")
     w.set_defaults(func=cmd_sweep)
 
+    pr = sub.add_parser("presets", help="the tuned presets of rqrl train --env ID [--algo NAME]")
+    pr.set_defaults(func=cmd_presets)
+
     s = sub.add_parser("status", help="queues, workers, tasks, throughput and last eval, read from Redis")
     s.add_argument("--redis-url", default=None, help=url_help)
     s.add_argument("--exp", default=None,
@@ -252,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="config tools")
     csub = c.add_subparsers(dest="config_cmd", required=True)
     cs = csub.add_parser("show", help="print the compiled config (defaults merged in)")
-    cs.add_argument("config")
+    _add_preset_arguments(cs)
     cs.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     cs.set_defaults(func=cmd_config_show)
 

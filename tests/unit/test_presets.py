@@ -1,0 +1,111 @@
+"""The preset table of ``rqrl train --env ID [--algo NAME]`` (common/presets.py): every preset's
+file builds, names the env id and algorithm the table gives it, sets its own stop value, and its
+policy acts in its env (the network's input is the env's observation, its output an action the
+env takes). A preset whose env needs an extra that is not installed is skipped, naming it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import runpy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from common import envs, presets, spaces
+from common.config import load_config
+from common.policy import algorithm_of, create_policy
+from tests.conftest import REPO
+
+# The module each extra brings (the box2d extra: Box2D; the others are named as their extra).
+_EXTRA_MODULE = {"box2d": "Box2D", "atari": "ale_py", "mujoco": "mujoco", "minatar": "minatar"}
+
+
+def _skip_without_extra(preset: presets.Preset) -> None:
+    if preset.extra and importlib.util.find_spec(_EXTRA_MODULE[preset.extra]) is None:
+        pytest.skip(f"{preset.env_id} needs the {preset.extra} extra (pip install -e \".[{preset.extra}]\")")
+
+
+@pytest.mark.parametrize("preset", presets.PRESETS, ids=lambda p: f"{p.env_id}-{p.algo}")
+def test_each_preset_builds_and_its_policy_acts_in_its_env(preset):
+    _skip_without_extra(preset)
+    cfg = load_config(preset.path)
+    assert cfg.env.env_id == preset.env_id
+    assert algorithm_of(cfg).name == preset.algo
+    # The stop value is the file's own (not the default's), and a number a return can reach.
+    own = runpy.run_path(str(preset.path))["main_config"]
+    assert "stop_value" in own["env"], f"{preset.config} sets no env.stop_value"
+    assert np.isfinite(float(cfg.env.stop_value))
+    doc = runpy.run_path(str(preset.path)).get("__doc__") or ""
+    assert len(doc) > 200, f"{preset.config}: its docstring must say where its hyperparameters come from"
+
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)  # the network's shapes are the env's
+    policy = create_policy(cfg, spec, modes=("eval",), device="cpu")
+    env = envs.make(cfg.env, train=False)
+    try:
+        obs, _ = env.reset(seed=0)
+        action = policy.act_eval(np.asarray(obs)[None], np.random.default_rng(0))[0]
+        if spec.action_kind == "discrete":
+            action = int(action) + spec.action_start
+        assert env.action_space.contains(np.asarray(action, dtype=env.action_space.dtype)
+                                         if spec.action_kind == "box" else action), (action, env.action_space)
+        env.step(action)
+    finally:
+        env.close()
+
+
+def test_the_table_has_one_preset_per_env_and_algorithm_and_every_file_exists():
+    pairs = [(p.env_id, p.algo) for p in presets.PRESETS]
+    assert len(pairs) == len(set(pairs))
+    assert all(p.path.is_file() for p in presets.PRESETS)
+    families = {p.family for p in presets.PRESETS}
+    assert {"classic control", "MinAtar", "Atari", "MuJoCo"} <= families
+    assert len({p.env_id for p in presets.PRESETS if p.family == "Atari"}) >= 2
+    assert len({p.env_id for p in presets.PRESETS if p.family == "MuJoCo"}) >= 2
+
+
+def test_find_takes_the_envs_first_preset_without_algo_and_the_named_one_with_it():
+    assert presets.find("CartPole-v1").config == "cartpole_dqn.py"
+    assert presets.find("CartPole-v1", "ppo").config == "cartpole_ppo.py"
+    assert presets.find("CartPole-v1", "PPO").config == "cartpole_ppo.py"
+    assert presets.find("ALE/Breakout-v5", "ppo").config == "breakout_ppo.py"
+
+
+def test_no_preset_is_one_error_listing_the_presets_with_the_closest_id():
+    with pytest.raises(presets.NoPreset) as e:
+        presets.find("Cartpole-v1")
+    text = str(e.value)
+    assert "did you mean 'CartPole-v1'?" in text
+    assert all(p.env_id in text for p in presets.PRESETS)
+    assert "--set env.env_id=Cartpole-v1" in text
+    with pytest.raises(presets.NoPreset, match=r"no 'sac' preset for --env 'Acrobot-v1' \(it has: dqn\)"):
+        presets.find("Acrobot-v1", "sac")
+
+
+def _rqrl(*argv: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=180)
+
+
+def test_rqrl_train_env_algo_checks_the_preset_as_a_launch_would(tmp_path):
+    res = _rqrl("train", "--env", "CartPole-v1", "--algo", "ppo", "--dry-run", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "preset for CartPole-v1: ppo, config" in res.stderr and "cartpole_ppo.py" in res.stderr
+    assert "would start a run in ./cartpole_ppo/" in res.stdout
+    assert list(tmp_path.iterdir()) == []  # a dry run creates nothing
+
+
+def test_rqrl_train_refuses_a_config_and_env_together_or_neither(tmp_path):
+    both = _rqrl("train", str(REPO / "deploy" / "configs" / "cartpole_dqn.py"), "--env", "CartPole-v1", "--dry-run",
+                 cwd=tmp_path)
+    assert both.returncode == 1 and "not both" in both.stderr
+    neither = _rqrl("train", "--dry-run", cwd=tmp_path)
+    assert neither.returncode == 1 and "--env ID" in neither.stderr and "Hopper-v5" in neither.stderr
+    algo_alone = _rqrl("train", "--algo", "ppo", "--dry-run", cwd=tmp_path)
+    assert algo_alone.returncode == 1 and "give --env too" in algo_alone.stderr
+    unknown = _rqrl("train", "--env", "NoSuchEnv-v0", "--dry-run", cwd=tmp_path)
+    assert unknown.returncode == 1 and unknown.stderr.startswith("config error: no preset for --env 'NoSuchEnv-v0'")
+
