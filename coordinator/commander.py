@@ -518,6 +518,10 @@ class SoloCommander(BaseCommander):
             # Env steps the learner had consumed when it made the evaluated policy version.
             "last_eval_policy_envstep": last.get("policy_envstep"),
             "stop_value": self._cfg.env.stop_value,
+            # The give-up limits (0: none), for the time left `rqrl status` shows.
+            "max_env_step": self._cfg.commander.max_env_step,
+            "max_train_iter": self._cfg.commander.max_train_iter,
+            "max_wall_seconds": self._cfg.commander.max_wall_seconds,
             "converged": self._end_flag,
             "policy_id": self._current_policy_id or "",
             "buffer_id": self._current_buffer_id or "",

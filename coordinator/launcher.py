@@ -32,11 +32,12 @@ from typing import Any, Callable, Optional
 
 import redis
 
-from common import events, keys, streams
+from common import keys, streams
 from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
 from common.redis_memory import check_memory_settings
+from coordinator.progress import Progress, budgets_of
 
 # The learner runs in a forked work-horse (PreloadWorker); collectors in the worker process
 # itself, which keeps each run's envs between tasks (CollectorWorker, workers/worker.py).
@@ -123,63 +124,6 @@ class _Terminated(KeyboardInterrupt):
 
 def _raise_interrupt(signum: int, _frame: Any) -> None:
     raise _Terminated(signum)
-
-
-class Progress:
-    """One progress line: env steps, train iterations, last eval reward vs stop_value, and the
-    run's wall seconds.
-
-    Args:
-        stop_value: the config's ``env.stop_value``.
-        t0: unix seconds where the run's clock starts (the launch, less a resumed run's earlier
-            wall seconds: the coordinator's clock, so the line and summary.json agree); default now.
-        resume: a resumed run's ``resume.json`` (coordinator/daemon.py): the line starts at its
-            env steps, train iteration and last eval instead of 0.
-    """
-
-    def __init__(self, stop_value: float, t0: Optional[float] = None, resume: Optional[dict[str, Any]] = None) -> None:
-        self.stop_value = stop_value
-        self.envstep = 0
-        self.train_iter = 0
-        self.eval: Optional[float] = None
-        self.t0 = time.time() if t0 is None else t0
-        if resume:
-            state = resume.get("commander") or {}
-            self.envstep = max(int(state.get("total_collector_env_step") or 0), int(resume.get("consumed_env_steps") or 0))
-            self.train_iter = int(resume.get("ckpt_train_iter") or 0)
-            evals = state.get("evaluator_info") or []
-            self.eval = events.episode_figure(evals[-1], "reward_mean") if evals else None
-        self.tty = sys.stderr.isatty()
-        self._last_print = 0.0
-
-    def update(self, ev: dict[str, Any]) -> None:
-        if ev.get("type") == "learner_info":
-            self.envstep = max(self.envstep, int(ev.get("collector_envstep", 0)))
-            self.train_iter = max(self.train_iter, int(ev.get("train_iter", 0)))
-        elif ev.get("type") == "finished" and ev.get("eval_flag") is True:
-            self.eval = events.episode_figure(ev, "reward_mean")  # None ("-"): the eval finished no episode
-
-    def from_summary(self, summary: dict[str, Any]) -> None:
-        """Take the run's final figures (summary.json) for the closing line."""
-        self.envstep = int(summary.get("envstep") or self.envstep)
-        self.train_iter = int(summary.get("train_iter") or self.train_iter)
-        if "last_eval_reward_mean" in summary:
-            self.eval = events.figure(summary, "last_eval_reward_mean")
-
-    def line(self) -> str:
-        ev = "-" if self.eval is None else f"{self.eval:.1f}"
-        secs = time.time() - self.t0
-        return (f"env steps {self.envstep:>8,} | train iter {self.train_iter:>7,} | "
-                f"eval {ev:>6} / {self.stop_value:g} | {secs:6.1f} s")
-
-    def show(self, final: bool = False) -> None:
-        now = time.time()
-        if self.tty:
-            sys.stderr.write("\r" + self.line() + ("\n" if final else ""))
-            sys.stderr.flush()
-        elif final or now - self._last_print >= 5.0:
-            print(self.line(), file=sys.stderr, flush=True)
-            self._last_print = now
 
 
 class Launcher:
@@ -334,7 +278,14 @@ class Launcher:
 
     def _follow(self, conn: redis.Redis) -> int:
         prior = float(self.resume.get("wall_seconds") or 0.0) if self.resume else 0.0
-        progress = Progress(float(self.cfg.env.stop_value), t0=self.started_at - prior, resume=self.resume)
+        progress = Progress(float(self.cfg.env.stop_value), t0=self.started_at - prior, resume=self.resume,
+                            budgets=budgets_of(self.cfg))
+        try:
+            return self._follow_run(conn, progress)
+        finally:
+            progress.close()  # a live line stopped by an error or Ctrl-C gives the terminal its cursor back
+
+    def _follow_run(self, conn: redis.Redis, progress: Progress) -> int:
         stream = keys.events(self.ns)
         last_id = b"0"
         t0 = time.time()

@@ -14,6 +14,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from common import events, keys, streams
 from common.connection import RedisUnavailable, connect_checked
 from common.redis_memory import memory_info
+from coordinator.progress import BUDGETS, left_text, rates_text, time_left
 from coordinator.runs import list_runs
 
 
@@ -125,7 +126,14 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"  last eval {'-' if ev is None else f'{ev:g}'} / stop_value {s.get('stop_value', '?')}"
                          f"  converged {s.get('converged', False)}")
         t = info["throughput_1min"]
-        lines.append(f"  last minute: {t['env_steps_per_s']} env steps/s, {t['train_iter_per_s']} train iter/s")
+        rates = rates_text(t["env_steps_per_s"], t["train_iter_per_s"])
+        if info["stopped"]:
+            lines.append(f"  last minute: {rates}")
+        else:  # as the progress line of rqrl train: rates, and the time left of the budget that binds first
+            budgets = {k: float(s[k]) for k in BUDGETS if s.get(k) and float(s[k]) > 0}
+            left = time_left(budgets, float(s.get("envstep") or 0), float(s.get("train_iter") or 0),
+                             float(s.get("wall_seconds") or 0), t["env_steps_per_s"], t["train_iter_per_s"])
+            lines += [f"  last minute: {rates}", f"  {left_text(budgets, left)}"]
         lf = info.get("learner") or {}
         if "policy_lag_p50" in lf:
             lines.append(f"  policy lag (train iters) p50 {lf['policy_lag_p50']:g}  p95 {lf['policy_lag_p95']:g}  "

@@ -17,7 +17,10 @@ against env steps: mean over the seeds and their min-max band).
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,6 +81,35 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "reeval_mean": _spread([r["reeval_mean"] for r in rows if r["reeval_mean"] is not None]),
         "figures_over": "solved runs" if solved else "all runs (none solved)",
     }
+
+
+def machine(gpu: Optional[str] = None) -> dict[str, Any]:
+    """What the sweep ran on, for sweep.json and docs/results.md: CPU model and count, memory
+    (GiB), load average at the end (1 min; a busy machine slows every run), OS, Python and torch
+    versions, the GPU (None: none was used; the learner trains on CUDA only with policy.cuda) and
+    the repository's commit (None outside a git checkout)."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        mem_gib = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                                capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"cpu": cpu, "cpus": os.cpu_count(), "memory_gib": mem_gib, "load_1min": round(os.getloadavg()[0], 2),
+            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
+            "torch": torch.__version__.split("+")[0], "gpu": gpu, "commit": commit}
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
@@ -283,7 +315,8 @@ class Sweep(Launcher):
                    "solved": summary.get("exit_code") == 0 and bool(summary.get("converged")),
                    "wall_seconds": summary.get("wall_seconds"), "envstep": int(summary.get("envstep") or 0),
                    "train_iter": int(summary.get("train_iter") or 0), "reeval_mean": None, "reeval_std": None,
-                   "reeval_episodes": 0}
+                   "reeval_episodes": 0, "last_eval_reward_mean": summary.get("last_eval_reward_mean"),
+                   "best_eval_reward_mean": summary.get("best_eval_reward_mean")}
             final = run_dir / "final.pt"
             if self.eval_episodes > 0 and final.is_file():
                 print(f"re-evaluating seed {s}'s final.pt on {self.eval_episodes} fresh episodes ...", file=sys.stderr,
@@ -297,8 +330,15 @@ class Sweep(Launcher):
             curves[s] = run_curve(run_dir)
         summary = summarize(rows)
         title = f"{self.cfg.exp_name} ({self.cfg.env.env_id}), seeds {','.join(map(str, self.seeds))}"
+        gpu = None
+        if self.cfg.policy.cuda and torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
         out = {"exp_name": self.cfg.exp_name, "env_id": self.cfg.env.env_id, "stop_value": self.cfg.env.stop_value,
-               "eval_episodes": self.eval_episodes, "runs": rows, "summary": summary}
+               "algo": self.cfg.create.policy.type, "config": Path(self.config_path).name,
+               "overrides": [a.removeprefix("--set=") for a in self.coordinator_args if a.startswith("--set=")],
+               "budget": {k: self.cfg.commander[k] for k in ("max_env_step", "max_train_iter", "max_wall_seconds")},
+               "collectors": self.collectors, "sweep_wall_seconds": round(time.time() - self.started_at, 1),
+               "machine": machine(gpu), "eval_episodes": self.eval_episodes, "runs": rows, "summary": summary}
         (self.sweep_dir / "sweep.json").write_text(json.dumps(out, indent=2) + "\n")
         md = render_markdown(title, rows, summary, self.cfg.env.stop_value, self.eval_episodes)
         (self.sweep_dir / "sweep.md").write_text(md)

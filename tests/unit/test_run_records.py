@@ -337,7 +337,7 @@ def test_the_progress_clock_and_counters_start_where_the_run_is(small_cfg, tmp_p
     assert (p.envstep, p.train_iter, p.eval) == (4200, 500, 150.0)
     line = p.line()
     assert "env steps    4,200 | train iter     500 | eval  150.0 / 195" in line
-    assert 129.0 <= float(line.rsplit("|", 1)[1].split()[0]) <= 140.0  # 100 s before + 30 s since the launch
+    assert 129.0 <= float(line.split(" / 195 | ", 1)[1].split()[0]) <= 140.0  # 100 s before + 30 s since the launch
     c = Coordinator(_cfg(small_cfg), fakeredis_conn(), tmp_path, run_name="clock", started_at=launch)
     try:
         assert 29.0 <= c._write_summary()["wall_seconds"] <= 40.0
@@ -454,3 +454,24 @@ def test_a_tasks_log_lines_and_scalars_reach_the_run_folder_as_one_tensorboard_r
 
     with _pytest.raises(ValueError):
         write_shipped_log(c.out, {"name": "../../escape", "lines": "x"})
+
+
+def test_the_progress_line_gives_rates_and_the_time_left_of_the_budget_that_binds_first():
+    """Rates over the learner's recent reports; time left against whichever budget runs out
+    first at those rates (here the env steps: 9,000 left at 100/s beats 1,800 s of wall clock)."""
+    from coordinator.progress import time_left
+
+    t = 1_000_000.0
+    p = Progress(195.0, t0=t - 60.0, budgets={"max_env_step": 10_000.0, "max_wall_seconds": 1860.0})
+    p.update({"type": "learner_info", "collector_envstep": 0, "train_iter": 0, "ts": t - 10})
+    p.update({"type": "learner_info", "collector_envstep": 1000, "train_iter": 500, "ts": t})
+    assert p.rates() == (100.0, 50.0)
+    key, seconds, used = time_left(p.budgets, 1000, 500, 60.0, 100.0, 50.0)
+    assert (key, seconds, used) == ("max_env_step", 90.0, 0.1)
+    assert time_left({"max_wall_seconds": 100.0}, 0, 0, 60.0, 0.0, 0.0) == ("max_wall_seconds", 40.0, 0.6)
+    assert time_left({"max_train_iter": 100.0}, 0, 0, 1.0, 0.0, 0.0) is None  # no rate yet: no estimate
+    assert "100 env steps/s, 50.0 train iter/s" in p.line()
+    assert Progress(195.0).tail().endswith("no budget: runs to stop_value")
+    # The closing line: summary.json's figures and the run's average rates.
+    p.from_summary({"envstep": 3000, "train_iter": 1200, "wall_seconds": 40.0, "last_eval_reward_mean": 150.0})
+    assert p.line().endswith("|   40.0 s | avg 75 env steps/s, 30.0 train iter/s")

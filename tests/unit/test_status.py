@@ -101,3 +101,16 @@ def test_status_lists_runs_of_one_experiment_or_one_run(fake_redis):
     assert sorted(collect_status(fake_redis)["runs"]) == [RUN, other_seed, other_exp]
     assert sorted(collect_status(fake_redis, "exp_a")["runs"]) == [RUN, other_seed]
     assert list(collect_status(fake_redis, other_seed)["runs"]) == [other_seed]
+
+
+def test_status_shows_the_time_left_of_the_budget_that_binds_first(fake_redis):
+    """As the progress line of rqrl train: at 500 env steps/s, 18,000 env steps are left of
+    max_env_step 30,000 (36 s), sooner than the wall-clock budget's 558 s."""
+    _seed(fake_redis)
+    fake_redis.hset(keys.commander(RUN), mapping=streams.encode_fields(
+        {"max_env_step": 30000, "max_train_iter": 0, "max_wall_seconds": 600.0}))
+    text = render(collect_status(fake_redis))
+    assert "  last minute: 500 env steps/s, 100.0 train iter/s\n  ~36s left (max_env_step 30,000)" in text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    fake_redis.hset(keys.commander(RUN), mapping=streams.encode_fields({"max_env_step": 0, "max_wall_seconds": 0.0}))
+    assert "train iter/s\n  no budget: runs to stop_value" in render(collect_status(fake_redis))
