@@ -151,6 +151,26 @@ def test_gif_video_has_several_frames(final_pt, tmp_path, capsys):
         assert im.size == (600, 400)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
+                    reason="MP4 needs the video extra (pip install -e \".[video]\")")
+def test_mp4_video_with_the_video_extra(final_pt, tmp_path, capsys):
+    """The video extra installs imageio with imageio-ffmpeg (whose wheel ships ffmpeg): an .mp4 is
+    written and reads back as an H.264 video of the episode's frames."""
+    import imageio.v2 as imageio
+
+    out = tmp_path / "cartpole.mp4"
+    assert evaluate.main([str(final_pt), "--episodes", "1", "--video", str(out)]) == 0
+    assert f"video: {out}" in capsys.readouterr().out
+    assert out.read_bytes()[4:8] == b"ftyp"  # an MP4 container
+    reader = imageio.get_reader(str(out))
+    try:
+        frames = [f for _, f in zip(range(5), reader)]
+        assert len(frames) == 5 and frames[0].shape == (400, 600, 3)
+        assert reader.get_meta_data()["codec"] == "h264"
+    finally:
+        reader.close()
+
+
 def test_mp4_without_writer_suggests_gif(final_pt, tmp_path, monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

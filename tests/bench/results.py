@@ -1,0 +1,320 @@
+"""docs/results.md: every preset's score over seeds, from ``rqrl sweep`` runs, with the raw records.
+
+    nice -n 10 python -m tests.bench.results --run                 # run the plan's sweeps, then write the page
+    python -m tests.bench.results --run cartpole_dqn acrobot_dqn   # only these presets (their config names)
+    python -m tests.bench.results --add ./minatar_breakout_dqn/sweep-20261201T120000Z   # take an existing sweep in
+    python -m tests.bench.results                                  # rewrite the page from docs/results/
+
+Taking a sweep in copies its record to ``docs/results/<exp_name>/``: ``sweep.json`` (rqrl sweep's
+table, with the machine it ran on), ``curve.png`` (eval return against env steps, the mean of
+the seeds with their min-max band), and per seed ``seed<N>/summary.json`` and
+``seed<N>/evals.jsonl`` (every eval of the run). A newer sweep of the same preset replaces the
+older one. The page is then written from those files alone: per preset the seeds, how many
+reached the stop value, env steps and wall seconds to it (median [min, max] over the runs that
+did), the last eval's return (the return at the budget for runs that did not), the
+re-evaluation of each final.pt on fresh episodes, the curve, the machine and links to the raw
+files.
+
+``--run`` runs the sweeps of :data:`PLAN` one after the other (``rqrl sweep --env ID --algo NAME
+--seeds ...`` in ``--workdir``, default ./runs/results/), each seed a concurrent run on one
+worker fleet, then takes each in. Budgets are the presets' own unless the plan sets a smaller
+one this 2-core machine can finish, which the page states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS_DIR = REPO / "docs" / "results"
+PAGE = REPO / "docs" / "results.md"
+COMMAND = "nice -n 10 python -m tests.bench.results --run"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One preset's sweep for the page.
+
+    Attributes:
+        env_id / algo: the preset (common/presets.py).
+        seeds: ``rqrl sweep --seeds``.
+        overrides: ``--set`` for every seed (a budget smaller than the preset's, when it has one).
+        note: why the budget differs from the preset's, shown on the page.
+    """
+
+    env_id: str
+    algo: str
+    seeds: str = "0-4"
+    overrides: tuple[str, ...] = ()
+    note: str = ""
+    collectors: int = field(default=5)
+
+
+PLAN: tuple[Planned, ...] = (
+    Planned("CartPole-v1", "dqn"),
+    Planned("CartPole-v1", "ppo"),
+    Planned("Acrobot-v1", "dqn"),
+    Planned("Pendulum-v1", "sac", overrides=("commander.max_wall_seconds=0", "commander.max_env_step=30000"),
+            note="an env-step budget (30,000) instead of the preset's 600 s of wall clock, which five seeds "
+                 "sharing two cores would spend waiting"),
+    Planned("MountainCar-v0", "dqn"),
+    Planned("LunarLander-v3", "dqn", overrides=("commander.max_env_step=50000",),
+            note="50,000 env steps of the preset's (rl-zoo's) 100,000: what fits this machine"),
+    Planned("MinAtar/Breakout-v1", "dqn", seeds="0-2", collectors=3, overrides=("commander.max_env_step=100000",),
+            note="100,000 env steps (where its epsilon reaches 0.1) of the preset's 5,000,000 (the MinAtar "
+                 "paper's budget): what fits this machine beside the classic-control sweeps"),
+)
+
+
+def _preset(env_id: str, algo: str):
+    from common import presets
+
+    return presets.find(env_id, algo)
+
+
+# ---------------------------------------------------------------- taking sweeps in
+
+def _machine_now() -> dict[str, Any]:
+    from coordinator.sweep import machine
+
+    return machine()
+
+
+def add_sweep(sweep_dir: Path, results_dir: Path = RESULTS_DIR) -> Path:
+    """Copy an ``rqrl sweep`` folder's record into ``results_dir/<exp_name>/`` (module docstring);
+    returns that folder. A sweep.json written before sweeps recorded their machine gets this
+    machine's, marked ``"machine_recorded": "when taken in"``.
+
+    Raises:
+        FileNotFoundError: ``sweep_dir`` has no sweep.json (the sweep did not finish).
+    """
+    sweep_dir = Path(sweep_dir)
+    table = json.loads((sweep_dir / "sweep.json").read_text())
+    if "machine" not in table:
+        table["machine"] = _machine_now()
+        table["machine_recorded"] = "when taken in"
+    table["taken_from"] = sweep_dir.name
+    dest = results_dir / table["exp_name"]
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for row in table["runs"]:
+        run_dir = sweep_dir.parent / row["run_name"]
+        seed_dir = dest / f"seed{row['seed']}"
+        seed_dir.mkdir()
+        for name in ("summary.json", "evals.jsonl"):
+            if (run_dir / name).is_file():
+                shutil.copyfile(run_dir / name, seed_dir / name)
+    if (sweep_dir / "sweep.png").is_file():
+        shutil.copyfile(sweep_dir / "sweep.png", dest / "curve.png")
+    (dest / "sweep.json").write_text(json.dumps(table, indent=2) + "\n")
+    return dest
+
+
+def run_plan(names: list[str], workdir: Path, results_dir: Path = RESULTS_DIR) -> int:
+    """Run the planned sweeps (all, or those whose preset config is named, e.g. ``cartpole_dqn``)
+    in ``workdir`` and take each in; returns 1 when a sweep failed, else 0."""
+    chosen = [p for p in PLAN if not names or _preset(p.env_id, p.algo).path.stem in names]
+    unknown = set(names) - {_preset(p.env_id, p.algo).path.stem for p in PLAN}
+    if unknown:
+        raise SystemExit(f"--run: no planned preset {sorted(unknown)}; planned: "
+                         f"{', '.join(_preset(p.env_id, p.algo).path.stem for p in PLAN)}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for p in chosen:
+        exp = _preset(p.env_id, p.algo).path.stem
+        before = set((workdir / exp).glob("sweep-*"))
+        argv = [sys.executable, "-m", "coordinator.cli", "sweep", "--env", p.env_id, "--algo", p.algo,
+                "--seeds", p.seeds, "--collectors", str(p.collectors), *[a for o in p.overrides for a in ("--set", o)]]
+        print(f"== {' '.join(argv[3:])}", flush=True)
+        code = subprocess.run(argv, cwd=workdir).returncode
+        new = sorted(set((workdir / exp).glob("sweep-*")) - before)
+        if code != 0 or not new or not (new[-1] / "sweep.json").is_file():
+            print(f"sweep of {exp} failed (exit {code}); the page keeps its earlier record", file=sys.stderr)
+            failed = 1
+            continue
+        print(f"taken in: {add_sweep(new[-1], results_dir)}", flush=True)
+    return failed
+
+
+# ---------------------------------------------------------------- the page
+
+def _spread(values: list[float], spec: str) -> str:
+    """``median [min, max]`` of ``values`` (``-`` for none; one value alone)."""
+    if not values:
+        return "-"
+    med = format(statistics.median(values), spec)
+    if len(values) == 1:
+        return med
+    return f"{med} [{format(min(values), spec)}, {format(max(values), spec)}]"
+
+
+def _evals(seed_dir: Path) -> list[dict[str, Any]]:
+    path = seed_dir / "evals.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return [r for r in rows if r.get("episodes", 1) and r.get("reward_mean") is not None]
+
+
+@dataclass
+class Record:
+    """One preset's taken-in sweep, with the figures the page shows."""
+
+    folder: Path
+    table: dict[str, Any]
+
+    @property
+    def exp(self) -> str:
+        return self.table["exp_name"]
+
+    def seeds(self) -> list[dict[str, Any]]:
+        """Per seed: its sweep row, with the last and best eval read from its evals.jsonl."""
+        out = []
+        for row in self.table["runs"]:
+            evals = _evals(self.folder / f"seed{row['seed']}")
+            last = evals[-1]["reward_mean"] if evals else row.get("last_eval_reward_mean")
+            best = max((e["reward_mean"] for e in evals), default=row.get("best_eval_reward_mean"))
+            out.append({**row, "last": last, "best": best, "evals": len(evals)})
+        return out
+
+    def budget(self) -> str:
+        b = {k: v for k, v in (self.table.get("budget") or {}).items() if v}
+        if not b:
+            top = max((r["envstep"] for r in self.table["runs"]), default=0)
+            return f"not recorded (runs reached {top:,} env steps)"
+        names = {"max_env_step": "env steps", "max_train_iter": "train iterations", "max_wall_seconds": "s wall clock"}
+        return ", ".join(f"{v:,.0f} {names[k]}" for k, v in b.items())
+
+
+def load_records(results_dir: Path = RESULTS_DIR) -> list[Record]:
+    """Every taken-in sweep under ``results_dir``, in the order of :data:`PLAN` (then by name)."""
+    records = [Record(p.parent, json.loads(p.read_text())) for p in sorted(results_dir.glob("*/sweep.json"))]
+    order = {_preset(p.env_id, p.algo).path.stem: i for i, p in enumerate(PLAN)}
+    return sorted(records, key=lambda r: (order.get(r.exp, len(order)), r.exp))
+
+
+def _machine_text(m: dict[str, Any]) -> str:
+    gpu = f"GPU {m['gpu']}" if m.get("gpu") else "no GPU"
+    return (f"{m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, {m.get('memory_gib', '?')} GiB; {gpu}; "
+            f"{m.get('os', '?')}, Python {m.get('python', '?')}, torch {m.get('torch', '?')}"
+            + (f"; rqrl {m['commit']}" if m.get("commit") else ""))
+
+
+def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = PAGE) -> str:
+    """The page's Markdown (module docstring); links are relative to ``page``."""
+    rel = Path(os.path.relpath(results_dir, page.parent))
+    lines = [
+        "# Results",
+        "",
+        "<!-- Generated by tests/bench/results.py from docs/results/: do not edit by hand. -->",
+        "",
+        "Every preset of `rqrl train --env ID [--algo NAME]` (`rqrl presets`), trained over several seeds "
+        "with `rqrl sweep`: the seeds run at once on one Redis and one worker fleet on the machine named "
+        "below, and each run's `final.pt` is re-evaluated afterwards on fresh episodes. Regenerate it all with",
+        "",
+        "```bash",
+        COMMAND,
+        "```",
+        "",
+        "(`--run NAME ...` for some presets, `--add SWEEP_FOLDER` to take in a sweep run elsewhere, no option to "
+        "rewrite this page from the records). Raw records: `docs/results/<preset>/sweep.json` and, per seed, "
+        "`summary.json` and `evals.jsonl` (every eval).",
+        "",
+        "How to read it: *solved* counts the runs whose eval reached the stop value and whose confirming eval "
+        "of the same weights on 20 fresh episodes held (the run then stops); *env steps* and *wall time to the "
+        "stop value* are over those runs, median [min, max]. A run that did not reach it stopped at its budget: "
+        "*last eval* is its return there. Wall times are of seeds sharing the machine's cores with each other "
+        "(and, here, with other work), so one run alone is faster. *Re-eval of final.pt*: the mean return over "
+        "the seeds of each final.pt on 20 episodes no run saw (DQN acts with epsilon 0.05, PPO greedily, SAC "
+        "with its mean action).",
+        "",
+        "| preset | env | algo | seeds | solved | env steps to stop value | wall time to stop value (s) "
+        "| last eval (stop value) | re-eval of final.pt | budget |",
+        "| --- | --- | --- | ---: | :---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in records:
+        t = r.table
+        seeds = r.seeds()
+        solved = [s for s in seeds if s["solved"]]
+        reeval = [s["reeval_mean"] for s in seeds if s.get("reeval_mean") is not None]
+        lines.append(
+            f"| [{r.exp}](#{r.exp}) | {t['env_id']} | {t.get('algo', '?')} | {len(seeds)} | {len(solved)}/{len(seeds)} "
+            f"| {_spread([float(s['envstep']) for s in solved], ',.0f')} "
+            f"| {_spread([float(s['wall_seconds']) for s in solved], '.0f')} "
+            f"| {_spread([float(s['last']) for s in seeds if s['last'] is not None], '.1f')} ({t['stop_value']:g}) "
+            f"| {_spread(reeval, '.1f')} | {r.budget()} |")
+    machines: dict[str, list[str]] = {}
+    for r in records:
+        text = _machine_text(r.table.get("machine") or {})
+        if r.table.get("machine_recorded"):
+            text += f" (recorded {r.table['machine_recorded']})"
+        machines.setdefault(text, []).append(r.exp)
+    lines += ["", "Machines:", ""]
+    lines += [f"- {', '.join(exps)}: {text}" for text, exps in machines.items()]
+    for r in records:
+        t = r.table
+        folder = rel / r.exp
+        lines += ["", f"## {r.exp}", "",
+                  f"`rqrl sweep --env {t['env_id']} --algo {t.get('algo', '?')} --seeds "
+                  f"{','.join(str(s['seed']) for s in t['runs'])}"
+                  + "".join(f" --set {o}" for o in t.get("overrides") or []) + "`"
+                  + (f" (config `deploy/configs/{t['config']}`)" if t.get("config") else ""),
+                  ""]
+        note = next((p.note for p in PLAN if p.env_id == t["env_id"] and p.algo == t.get("algo")), "")
+        lines.append(f"Budget: {r.budget()}" + (f"; {note}" if note else "") + ". "
+                     + (f"The sweep took {t['sweep_wall_seconds']:,.0f} s of wall time with {t.get('collectors', '?')} "
+                        f"collector tasks at once across its seeds. " if t.get("sweep_wall_seconds") else "")
+                     + (f"Load average at its end: {t['machine']['load_1min']} on {t['machine'].get('cpus', '?')} CPUs. "
+                        if (t.get("machine") or {}).get("load_1min") is not None else "")
+                     + f"Raw: [sweep.json]({folder}/sweep.json), per seed `{folder}/seed<N>/`.")
+        lines += ["", "| seed | solved | wall time (s) | env steps | train iters | evals | last eval | best eval "
+                      "| re-eval of final.pt |",
+                  "| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for s in r.seeds():
+            reeval = "-" if s.get("reeval_mean") is None else f"{s['reeval_mean']:.1f} ± {s['reeval_std']:.1f}"
+            fmt = (lambda v: "-" if v is None else f"{v:.1f}")
+            lines.append(f"| {s['seed']} | {'yes' if s['solved'] else 'no'} | {float(s['wall_seconds'] or 0):.0f} "
+                         f"| {s['envstep']:,} | {s['train_iter']:,} | {s['evals']} | {fmt(s['last'])} | {fmt(s['best'])} "
+                         f"| {reeval} |")
+        if (r.folder / "curve.png").is_file():
+            lines += ["", f"![{r.exp}: eval return against env steps, mean and min-max band over seeds]"
+                          f"({folder}/curve.png)"]
+    return "\n".join(lines) + "\n"
+
+
+def write_page(results_dir: Path = RESULTS_DIR, page: Path = PAGE) -> Path:
+    page.write_text(render(load_records(results_dir), results_dir, page))
+    return page
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.results", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", nargs="*", default=None, metavar="NAME",
+                    help="run the planned sweeps (all, or these presets by config name, e.g. cartpole_dqn) first")
+    ap.add_argument("--add", nargs="+", default=[], metavar="SWEEP_DIR", help="take in existing rqrl sweep folders")
+    ap.add_argument("--workdir", default="runs/results", help="where --run runs the sweeps (default runs/results)")
+    ap.add_argument("--results-dir", default=str(RESULTS_DIR), help="the records (default docs/results)")
+    ap.add_argument("--out", default=str(PAGE), help="the page (default docs/results.md)")
+    args = ap.parse_args(argv)
+    results_dir, page = Path(args.results_dir).resolve(), Path(args.out).resolve()
+    code = 0
+    for d in args.add:
+        print(f"taken in: {add_sweep(Path(d), results_dir)}")
+    if args.run is not None:
+        code = run_plan(args.run, Path(args.workdir).resolve(), results_dir)
+    print(f"written: {write_page(results_dir, page)}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

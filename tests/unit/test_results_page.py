@@ -1,0 +1,89 @@
+"""docs/results.md (tests/bench/results.py): sweeps taken in with their raw records, a page written
+from those records alone, and the committed page is what its records give."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.bench import results
+from tests.conftest import REPO
+
+MACHINE = {"cpu": "Test CPU", "cpus": 2, "memory_gib": 8.0, "load_1min": 3.5, "os": "Linux", "python": "3.11",
+           "torch": "2.13.0", "gpu": None, "commit": "abc1234"}
+
+
+def _sweep(root: Path, exp: str, runs: list[dict], **table) -> Path:
+    """A finished `rqrl sweep` folder: sweep.json, sweep.png and each run's summary.json / evals.jsonl."""
+    sweep_dir = root / exp / "sweep-20261201T000000Z"
+    sweep_dir.mkdir(parents=True)
+    rows = []
+    for r in runs:
+        run_dir = root / exp / f"20261201T000000Z-s{r['seed']}"
+        run_dir.mkdir()
+        (run_dir / "summary.json").write_text(json.dumps({"envstep": r["envstep"], "wall_seconds": r["wall"]}))
+        (run_dir / "evals.jsonl").write_text("".join(
+            json.dumps({"envstep": e, "reward_mean": v, "episodes": 5}) + "\n" for e, v in r["evals"]))
+        rows.append({"seed": r["seed"], "run_name": run_dir.name, "exit_code": 0 if r["solved"] else 2,
+                     "solved": r["solved"], "wall_seconds": r["wall"], "envstep": r["envstep"], "train_iter": 10,
+                     "reeval_mean": r.get("reeval"), "reeval_std": 1.0})
+    (sweep_dir / "sweep.png").write_bytes(b"\x89PNG not really")
+    (sweep_dir / "sweep.json").write_text(json.dumps({"exp_name": exp, "runs": rows, **table}))
+    return sweep_dir
+
+
+def test_a_sweep_taken_in_gives_the_page_its_figures_curve_and_raw_files(tmp_path):
+    out = tmp_path / "docs"
+    sweep = _sweep(tmp_path / "work", "cartpole_dqn", [
+        {"seed": 0, "solved": True, "envstep": 2000, "wall": 20.0, "evals": [(1000, 50.0), (2000, 200.0)], "reeval": 210.0},
+        {"seed": 1, "solved": True, "envstep": 4000, "wall": 40.0, "evals": [(2000, 90.0), (4000, 250.0)], "reeval": 230.0},
+        {"seed": 2, "solved": False, "envstep": 9000, "wall": 60.0, "evals": [(9000, 120.0)], "reeval": 100.0}],
+        env_id="CartPole-v1", algo="dqn", config="cartpole_dqn.py", stop_value=195.0, machine=MACHINE,
+        budget={"max_env_step": 9000, "max_train_iter": 0, "max_wall_seconds": 0.0}, overrides=["commander.max_env_step=9000"])
+    # an older sweep: no machine, algo or budget recorded
+    old = _sweep(tmp_path / "work", "acrobot_dqn", [
+        {"seed": 0, "solved": False, "envstep": 5000, "wall": 30.0, "evals": [(5000, -300.0)]}],
+        env_id="Acrobot-v1", stop_value=-100.0)
+    assert results.main(["--add", str(sweep), str(old), "--results-dir", str(out / "results"),
+                         "--out", str(out / "results.md")]) == 0
+    page = (out / "results.md").read_text()
+    assert ("| [cartpole_dqn](#cartpole_dqn) | CartPole-v1 | dqn | 3 | 2/3 | 3,000 [2,000, 4,000] | 30 [20, 40] "
+            "| 200.0 [120.0, 250.0] (195) | 210.0 [100.0, 230.0] | 9,000 env steps |") in page
+    assert "`rqrl sweep --env CartPole-v1 --algo dqn --seeds 0,1,2 --set commander.max_env_step=9000`" in page
+    assert "| 2 | no | 60 | 9,000 | 10 | 1 | 120.0 | 120.0 | 100.0 ± 1.0 |" in page
+    assert "Test CPU, 2 CPUs, 8.0 GiB; no GPU" in page
+    assert "not recorded (runs reached 5,000 env steps)" in page and "(recorded when taken in)" in page
+    # Every link of the page points at a file it copied.
+    links = re.findall(r"\]\(([^)#]+)\)", page)
+    assert "results/cartpole_dqn/curve.png" in links and "results/cartpole_dqn/sweep.json" in links
+    assert all((out / link).is_file() for link in links), links
+    assert (out / "results" / "cartpole_dqn" / "seed1" / "evals.jsonl").read_text().count("\n") == 2
+    assert json.loads((out / "results" / "acrobot_dqn" / "sweep.json").read_text())["machine"]["cpus"] >= 1
+
+
+def test_a_gpu_is_named_on_the_page(tmp_path):
+    sweep = _sweep(tmp_path / "work", "pong_dqn", [
+        {"seed": 0, "solved": False, "envstep": 100, "wall": 5.0, "evals": [(100, -21.0)]}],
+        env_id="ALE/Pong-v5", algo="dqn", stop_value=20.0, machine=dict(MACHINE, gpu="NVIDIA H200"))
+    results.add_sweep(sweep, tmp_path / "results")
+    page = results.render(results.load_records(tmp_path / "results"), tmp_path / "results", tmp_path / "results.md")
+    assert "GPU NVIDIA H200" in page
+
+
+def test_the_committed_page_is_what_its_records_give():
+    page = REPO / "docs" / "results.md"
+    assert page.read_text() == results.render(results.load_records(results.RESULTS_DIR), results.RESULTS_DIR, page), \
+        "docs/results.md differs from docs/results/: run python -m tests.bench.results"
+
+
+def test_the_page_covers_classic_control_over_five_seeds_and_minatar_over_three():
+    records = {r.exp: r for r in results.load_records(results.RESULTS_DIR)}
+    from common import presets
+
+    for p in presets.PRESETS:
+        if p.family == "classic control":
+            assert p.path.stem in records and len(records[p.path.stem].table["runs"]) >= 5, p.config
+            assert records[p.path.stem].table["env_id"] == p.env_id
+    assert len(records["minatar_breakout_dqn"].table["runs"]) >= 3
+    assert all((r.folder / "curve.png").is_file() for r in records.values())
