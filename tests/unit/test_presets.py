@@ -109,3 +109,16 @@ def test_rqrl_train_refuses_a_config_and_env_together_or_neither(tmp_path):
     unknown = _rqrl("train", "--env", "NoSuchEnv-v0", "--dry-run", cwd=tmp_path)
     assert unknown.returncode == 1 and unknown.stderr.startswith("config error: no preset for --env 'NoSuchEnv-v0'")
 
+
+
+def test_the_run_folders_of_every_shipped_config_are_ignored_by_git():
+    """`rqrl train deploy/configs/X.py` (or --env) in the checkout writes ./<exp_name>/...: none of it
+    shows up in `git status`."""
+    import shutil
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = sorted(runpy.run_path(str(p))["main_config"]["exp_name"] for p in presets.CONFIG_DIR.glob("*.py"))
+    paths = [f"{n}/20261130T021500Z-s0/summary.json" for n in names] + [f"{n}/latest" for n in names]
+    res = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO, capture_output=True, text=True)
+    assert sorted(res.stdout.split()) == sorted(paths), set(paths) - set(res.stdout.split())
