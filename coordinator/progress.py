@@ -176,19 +176,38 @@ class Progress:
                 print(self.line(), file=self.stream, flush=True)
                 self._last_print = now
             return
-        left = self.left()
         if self._live is None:
-            self._live = _live_line(self.stream)
-            # No budget: a bar with no total (rich draws it pulsing); else the binding budget's share used.
-            self._task = self._live.add_task("", total=1.0 if self.budgets else None, tail="")
-        if self._final:
-            self._live.update(self._task, total=1.0, completed=1.0)
-        elif left is not None:
-            self._live.update(self._task, completed=left[2])
-        self._live.update(self._task, description=self.figures(), tail=self.tail())
-        self._live.refresh()
+            self._live = _live(self.stream)
+        self._live.update(self._renderable(), refresh=True)
         if final:
             self.close()
+
+    def _renderable(self) -> Any:
+        """The figures, a bar of the binding budget (pulsing without one; full at the end), the
+        rates and time left: one line where the terminal is wide enough, else two (without the
+        bar where even that is too narrow), so no figure is cut off."""
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        left = self.left()
+        if self._final:
+            bar = ProgressBar(total=1.0, completed=1.0, width=12)
+        elif self.budgets:
+            bar = ProgressBar(total=1.0, completed=left[2] if left else 0.0, width=12)
+        else:
+            bar = ProgressBar(total=None, width=12)
+        figures, tail = self.figures(), self.tail()
+        width = self._live.console.width
+        row = Table.grid(padding=(0, 1))
+        if width >= len(figures) + len(tail) + 16:
+            row.add_row(Text(figures), bar, Text(tail))
+            return row
+        if width >= len(tail) + 13:
+            row.add_row(bar, Text(tail))
+            return Group(Text(figures), row)
+        return Group(Text(figures), Text(tail))  # a narrow terminal: the figures, not the bar
 
     def close(self) -> None:
         """Stop the live line (it stays on screen; the cursor is shown again). Safe to call twice."""
@@ -197,16 +216,14 @@ class Progress:
             self._live = None
 
 
-def _live_line(stream: TextIO) -> Any:
-    """rich's Progress on ``stream`` (a terminal): our figures, a bar of the binding budget, rates
-    and time left. Refreshed by :meth:`Progress.show` (no thread of its own), and it leaves
-    ``sys.stdout`` / ``sys.stderr`` alone: the launcher forks children while it is live."""
+def _live(stream: TextIO) -> Any:
+    """rich's Live display on ``stream`` (a terminal), refreshed by :meth:`Progress.show` (no
+    thread of its own); it leaves ``sys.stdout`` / ``sys.stderr`` alone, as the launcher forks
+    children while it is live."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress as RichProgress, TextColumn
+    from rich.live import Live
 
-    console = Console(file=stream, highlight=False)
-    live = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=12), TextColumn("{task.fields[tail]}"),
-                        console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False,
-                        transient=False)
+    live = Live(console=Console(file=stream, highlight=False), auto_refresh=False, redirect_stdout=False,
+                redirect_stderr=False, transient=False)
     live.start()
     return live

@@ -30,8 +30,8 @@ CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 BUDGET = 3000  # env steps (commander.max_env_step): the run stops there, exit 2
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 LIVE = re.compile(r"([\d,]+) env steps/s, ([\d,.]+) train iter/s \| ~(\S+) left \(max_env_step 3,000\)")
-FINAL = re.compile(r"env steps +([\d,]+) \| train iter +([\d,]+) \| eval .* \| +([\d.]+) s .*"
-                   r"avg ([\d,]+) env steps/s, ([\d,.]+) train iter/s")
+FIGURES = re.compile(r"env steps +([\d,]+) \| train iter +([\d,]+) \| eval .* \| +([\d.]+) s")
+AVG = re.compile(r"avg ([\d,]+) env steps/s, ([\d,.]+) train iter/s")
 
 
 def _argv(url: str) -> list[str]:
@@ -45,12 +45,12 @@ def _number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def _check_final(line: str, run_dir) -> None:
+def _check_final(figures: str, avg: str, run_dir) -> None:
     """The closing line's figures and rates are summary.json's."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    m = FINAL.search(line)
-    assert m, line
-    envstep, train_iter, secs, env_rate, iter_rate = (_number(g) for g in m.groups())
+    m, a = FIGURES.search(figures), AVG.search(avg)
+    assert m and a, (figures, avg)
+    envstep, train_iter, secs, env_rate, iter_rate = (_number(g) for g in (*m.groups(), *a.groups()))
     assert (envstep, train_iter) == (summary["envstep"], summary["train_iter"])
     assert secs == pytest.approx(summary["wall_seconds"], abs=0.05)
     assert summary["envstep"] >= BUDGET
@@ -61,8 +61,8 @@ def _check_final(line: str, run_dir) -> None:
 
 def test_on_a_terminal_the_line_is_drawn_in_place_with_rates_and_time_left(tmp_path, real_redis, redis_server):
     master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 240, 0, 0))  # wide enough for one line
-    env = dict(worker_env(""), TERM="xterm-256color", COLUMNS="240")
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a terminal's usual 80 columns
+    env = dict(worker_env(""), TERM="xterm-256color")
     proc = subprocess.Popen(_argv(redis_server.url), cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave, env=env,
                             close_fds=True)
     os.close(slave)
@@ -90,15 +90,20 @@ def test_on_a_terminal_the_line_is_drawn_in_place_with_rates_and_time_left(tmp_p
     assert code == 2, text[-3000:]
     # rich hides the cursor while the line is live; the closing line shows it again.
     assert "\x1b[?25l" in text and "\x1b[?25h" in text[text.rindex("\x1b[?25l"):]
-    # Drawn in place: many states of the line, each rewritten over the last (carriage returns).
+    # Drawn in place: each state of the line (two lines on 80 columns) rewritten over the last.
+    assert text.count("\x1b[2K") >= 6
     states = [ANSI.sub("", s).strip() for s in re.split(r"[\r\n]", text)]
-    live = [s for s in states if LIVE.search(s)]
+    ours = [s for s in states if FIGURES.search(s) or "env steps/s" in s]
+    assert all(len(s) <= 80 for s in ours) and "\u2026" not in text, "nothing is cut off or wrapped"
+    live = [LIVE.search(s) for s in states if LIVE.search(s)]
     assert len(live) >= 3, states[-20:]
-    rates = [(_number(LIVE.search(s).group(1)), _number(LIVE.search(s).group(2))) for s in live]
+    rates = [(_number(m.group(1)), _number(m.group(2))) for m in live]
     assert any(env_rate > 0 and iter_rate > 0 for env_rate, iter_rate in rates), rates
-    final = [s for s in states if "avg" in s]
-    assert final and len(set(final)) == 1, final  # the closing state (rich draws it again as it stops)
-    _check_final(final[0], (tmp_path / "cartpole_dqn" / "latest").resolve())
+    # The closing state: the last figures and the average rates (rich draws it again as it stops).
+    figures = [s for s in states if FIGURES.search(s)]
+    avg = [s for s in states if AVG.search(s)]
+    assert avg and len(set(avg)) == 1, avg
+    _check_final(figures[-1], avg[-1], (tmp_path / "cartpole_dqn" / "latest").resolve())
 
 
 def test_without_a_terminal_the_line_is_plain_text_with_the_same_rates(tmp_path, real_redis, redis_server):
@@ -107,6 +112,6 @@ def test_without_a_terminal_the_line_is_plain_text_with_the_same_rates(tmp_path,
     assert res.returncode == 2, res.stderr[-3000:]
     assert "\x1b" not in res.stderr and "\r" not in res.stderr
     lines = res.stderr.splitlines()
-    final = [ln for ln in lines if "avg" in ln and "env steps/s" in ln]
+    final = [ln for ln in lines if AVG.search(ln)]
     assert len(final) == 1, lines[-10:]
-    _check_final(final[0], (tmp_path / "cartpole_dqn" / "latest").resolve())
+    _check_final(final[0], final[0], (tmp_path / "cartpole_dqn" / "latest").resolve())
