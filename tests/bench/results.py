@@ -75,6 +75,12 @@ PLAN: tuple[Planned, ...] = (
 )
 
 
+# Why the presets without a record have none (the page says it under its table).
+MISSING_WHY = ("Their published budgets are millions of env steps (Atari 10 M, MuJoCo 1 M, MinAtar 5 M) with a "
+               "convolutional or 256-unit network trained at every step or four: days on this 2-core machine, and "
+               "no GPU was lent for this page. Runs that had one would show it under Machines.")
+
+
 def _preset(env_id: str, algo: str):
     from common import presets
 
@@ -253,6 +259,13 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
             f"| {_spread([float(s['wall_seconds']) for s in solved], '.0f')} "
             f"| {_spread([float(s['last']) for s in seeds if s['last'] is not None], '.1f')} ({t['stop_value']:g}) "
             f"| {_spread(reeval, '.1f')} | {r.budget()} |")
+    from common import presets
+
+    have = {r.exp for r in records}
+    missing = [p for p in presets.PRESETS if p.path.stem not in have]
+    if missing:
+        lines += ["", "Not run for this page: " + ", ".join(f"{p.env_id} ({p.algo})" for p in missing) + ". "
+                  + MISSING_WHY]
     machines: dict[str, list[str]] = {}
     for r in records:
         text = _machine_text(r.table.get("machine") or {})

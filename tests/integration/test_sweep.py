@@ -77,6 +77,11 @@ def test_sweep_of_two_seeds_on_one_redis_and_fleet(tmp_path, real_redis, redis_s
     for row, s in zip(table["runs"], summaries):
         assert row["envstep"] == s["envstep"] and row["exit_code"] == 2 and row["solved"] is False
         assert row["reeval_episodes"] == 3 and row["reeval_mean"] is not None
+        assert row["last_eval_reward_mean"] == s["last_eval_reward_mean"]
+    # What docs/results.md shows beside the figures: the budget, the overrides and the machine.
+    assert table["budget"] == {"max_env_step": 700, "max_train_iter": 0, "max_wall_seconds": 120}
+    assert "commander.max_env_step=700" in table["overrides"] and table["algo"] == "dqn"
+    assert table["machine"]["cpus"] >= 1 and table["machine"]["gpu"] is None and table["machine"]["torch"]
     env_steps = [row["envstep"] for row in table["runs"]]
     assert table["summary"]["env_steps"]["median"] == statistics.median(env_steps)
     assert table["summary"]["solved"] == 0 and table["summary"]["time_to_solve_s"]["median"] is None
