@@ -83,11 +83,20 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def machine(gpu: Optional[str] = None) -> dict[str, Any]:
+def git_commit() -> Optional[str]:
+    """The short commit of rqrl's checkout (None outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine(gpu: Optional[str] = None, commit: Optional[str] = None) -> dict[str, Any]:
     """What the sweep ran on, for sweep.json and docs/results.md: CPU model and count, memory
     (GiB), load average at the end (1 min; a busy machine slows every run), OS, Python and torch
     versions, the GPU (None: none was used; the learner trains on CUDA only with policy.cuda) and
-    the repository's commit (None outside a git checkout)."""
+    rqrl's commit (``commit``, else the checkout's now; None outside a git checkout)."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -102,14 +111,9 @@ def machine(gpu: Optional[str] = None) -> dict[str, Any]:
         mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):
         mem_gib = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                                capture_output=True, text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
     return {"cpu": cpu, "cpus": os.cpu_count(), "memory_gib": mem_gib, "load_1min": round(os.getloadavg()[0], 2),
             "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
-            "torch": torch.__version__.split("+")[0], "gpu": gpu, "commit": commit}
+            "torch": torch.__version__.split("+")[0], "gpu": gpu, "commit": commit or git_commit()}
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
@@ -248,6 +252,7 @@ class Sweep(Launcher):
         self.eval_episodes = eval_episodes
         self.run_names = {s: runs.reserve_run_dir(self.out_dir, cfg.exp_name, s).name for s in seeds}
         self.codes: dict[int, Optional[int]] = {s: None for s in seeds}
+        self.commit = git_commit()  # the code the runs start with (the checkout may move on meanwhile)
 
     def _namespaces(self) -> list[str]:
         return [keys.namespace(self.cfg.exp_name, r) for r in self.run_names.values()]
@@ -338,7 +343,7 @@ class Sweep(Launcher):
                "overrides": [a.removeprefix("--set=") for a in self.coordinator_args if a.startswith("--set=")],
                "budget": {k: self.cfg.commander[k] for k in ("max_env_step", "max_train_iter", "max_wall_seconds")},
                "collectors": self.collectors, "sweep_wall_seconds": round(time.time() - self.started_at, 1),
-               "machine": machine(gpu), "eval_episodes": self.eval_episodes, "runs": rows, "summary": summary}
+               "machine": machine(gpu, self.commit), "eval_episodes": self.eval_episodes, "runs": rows, "summary": summary}
         (self.sweep_dir / "sweep.json").write_text(json.dumps(out, indent=2) + "\n")
         md = render_markdown(title, rows, summary, self.cfg.env.stop_value, self.eval_episodes)
         (self.sweep_dir / "sweep.md").write_text(md)

@@ -212,8 +212,7 @@ def load_records(results_dir: Path = RESULTS_DIR) -> list[Record]:
 def _machine_text(m: dict[str, Any]) -> str:
     gpu = f"GPU {m['gpu']}" if m.get("gpu") else "no GPU"
     return (f"{m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, {m.get('memory_gib', '?')} GiB; {gpu}; "
-            f"{m.get('os', '?')}, Python {m.get('python', '?')}, torch {m.get('torch', '?')}"
-            + (f"; rqrl {m['commit']}" if m.get("commit") else ""))
+            f"{m.get('os', '?')}, Python {m.get('python', '?')}, torch {m.get('torch', '?')}")
 
 
 def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = PAGE) -> str:
@@ -289,6 +288,7 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
                         f"collector tasks at once across its seeds. " if t.get("sweep_wall_seconds") else "")
                      + (f"Load average at its end: {t['machine']['load_1min']} on {t['machine'].get('cpus', '?')} CPUs. "
                         if (t.get("machine") or {}).get("load_1min") is not None else "")
+                     + (f"rqrl commit {t['machine']['commit']}. " if (t.get("machine") or {}).get("commit") else "")
                      + f"Raw: [sweep.json]({folder}/sweep.json), per seed `{folder}/seed<N>/`.")
         lines += ["", "| seed | solved | wall time (s) | env steps | train iters | evals | last eval | best eval "
                       "| re-eval of final.pt |",
