@@ -255,7 +255,6 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _add_preset_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", default=None, help="config file (see deploy/configs/); or --env")
     p.add_argument("--env", default=None, metavar="ID",
