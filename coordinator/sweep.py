@@ -200,7 +200,7 @@ def plot_sweep(curves: dict[int, list[tuple[float, float]]], stop_value: Optiona
     ax.set_ylabel("eval episode return")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="best", fontsize="small", framealpha=0.6)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path

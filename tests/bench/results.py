@@ -7,7 +7,7 @@
 
 Taking a sweep in copies its record to ``docs/results/<exp_name>/``: ``sweep.json`` (rqrl sweep's
 table, with the machine it ran on), ``curve.png`` (eval return against env steps, the mean of
-the seeds with their min-max band), and per seed ``seed<N>/summary.json`` and
+the seeds with their min-max band, drawn from the seeds' evals as sweep.png), and per seed ``seed<N>/summary.json`` and
 ``seed<N>/evals.jsonl`` (every eval of the run). A newer sweep of the same preset replaces the
 older one. The page is then written from those files alone: per preset the seeds, how many
 reached the stop value, env steps and wall seconds to it (median [min, max] over the runs that
@@ -120,10 +120,21 @@ def add_sweep(sweep_dir: Path, results_dir: Path = RESULTS_DIR) -> Path:
         for name in ("summary.json", "evals.jsonl"):
             if (run_dir / name).is_file():
                 shutil.copyfile(run_dir / name, seed_dir / name)
-    if (sweep_dir / "sweep.png").is_file():
-        shutil.copyfile(sweep_dir / "sweep.png", dest / "curve.png")
     (dest / "sweep.json").write_text(json.dumps(table, indent=2) + "\n")
+    plot(dest)
     return dest
+
+
+def plot(folder: Path) -> Path:
+    """``curve.png`` of a taken-in sweep, drawn from its seeds' evals.jsonl as ``rqrl sweep`` draws
+    sweep.png (the mean of the seeds and their min-max band; coordinator/sweep.py)."""
+    from coordinator.sweep import plot_sweep, run_curve
+
+    table = json.loads((folder / "sweep.json").read_text())
+    curves = {row["seed"]: run_curve(folder / f"seed{row['seed']}") for row in table["runs"]}
+    seeds = ",".join(str(s) for s in curves)
+    return plot_sweep(curves, table.get("stop_value"), folder / "curve.png",
+                      f"{table['exp_name']} ({table['env_id']}), seeds {seeds}")
 
 
 def run_plan(names: list[str], workdir: Path, results_dir: Path = RESULTS_DIR) -> int:
