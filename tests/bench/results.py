@@ -49,6 +49,7 @@ class Planned:
         seeds: ``rqrl sweep --seeds``.
         overrides: ``--set`` for every seed (a budget smaller than the preset's, when it has one).
         note: why the budget differs from the preset's, shown on the page.
+        reference: a published figure to compare with, shown on the page.
     """
 
     env_id: str
@@ -57,6 +58,7 @@ class Planned:
     overrides: tuple[str, ...] = ()
     note: str = ""
     collectors: int = field(default=5)
+    reference: str = ""
 
 
 PLAN: tuple[Planned, ...] = (
@@ -64,14 +66,16 @@ PLAN: tuple[Planned, ...] = (
     Planned("CartPole-v1", "ppo"),
     Planned("Acrobot-v1", "dqn"),
     Planned("Pendulum-v1", "sac", overrides=("commander.max_wall_seconds=0", "commander.max_env_step=30000"),
-            note="an env-step budget (30,000) instead of the preset's 600 s of wall clock, which five seeds "
-                 "sharing two cores would spend waiting"),
+            note="in env steps instead of the preset's 600 s of wall clock, which five seeds sharing two cores "
+                 "would spend waiting"),
     Planned("MountainCar-v0", "dqn"),
     Planned("LunarLander-v3", "dqn", overrides=("commander.max_env_step=50000",),
-            note="50,000 env steps of the preset's (rl-zoo's) 100,000: what fits this machine"),
+            note="half the preset's (rl-zoo's) 100,000: what fits this machine"),
     Planned("MinAtar/Breakout-v1", "dqn", seeds="0-2", collectors=3, overrides=("commander.max_env_step=100000",),
-            note="100,000 env steps (where its epsilon reaches 0.1) of the preset's 5,000,000 (the MinAtar "
-                 "paper's budget): what fits this machine beside the classic-control sweeps"),
+            note="where its epsilon reaches 0.1, a fiftieth of the preset's 5,000,000 (the MinAtar paper's "
+                 "budget): what fits this machine beside the classic-control sweeps",
+            reference="the MinAtar paper's DQN has a training return of about 4 by 0.1 M frames and about 10 by 1 M "
+                      "(Young & Tian 2019, figure 2); random play scores about 0.4"),
 )
 
 
@@ -293,8 +297,10 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
                   + "".join(f" --set {o}" for o in t.get("overrides") or []) + "`"
                   + (f" (config `deploy/configs/{t['config']}`)" if t.get("config") else ""),
                   ""]
-        note = next((p.note for p in PLAN if p.env_id == t["env_id"] and p.algo == t.get("algo")), "")
+        plan = next((p for p in PLAN if p.env_id == t["env_id"] and p.algo == t.get("algo")), None)
+        note = plan.note if plan else ""
         lines.append(f"Budget: {r.budget()}" + (f"; {note}" if note else "") + ". "
+                     + (f"For comparison: {plan.reference}. " if plan and plan.reference else "")
                      + (f"The sweep took {t['sweep_wall_seconds']:,.0f} s of wall time with {t.get('collectors', '?')} "
                         f"collector tasks at once across its seeds. " if t.get("sweep_wall_seconds") else "")
                      + (f"Load average at its end: {t['machine']['load_1min']} on {t['machine'].get('cpus', '?')} CPUs. "
