@@ -52,7 +52,7 @@ from redis.lock import Lock
 from rq import Queue, worker_registration
 from rq.job import Callback, Job, JobStatus
 
-from common import blobstore, events, keys, lease, serialization, streams
+from common import blobstore, events, keys, lease, phases, serialization, streams
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
@@ -123,10 +123,12 @@ class Coordinator:
         run_name: the run's name; None picks one (module docstring).
         resume: continue run ``run_name``: from Redis when it is unfinished there, else from its
             run folder (:meth:`_resume_from_folder`).
+        done_fd: the write end of a pipe (``rqrl train``): the exit code is written there and it is
+            closed once summary.json and final.pt are written, before curve.png is drawn.
     """
 
     def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False,
-                 run_name: Optional[str] = None, resume: bool = False) -> None:
+                 run_name: Optional[str] = None, resume: bool = False, done_fd: Optional[int] = None) -> None:
         if resume and (fresh or not run_name):
             raise CoordinatorError("resuming needs the run's name and excludes --fresh")
         self.cfg = cfg
@@ -180,6 +182,7 @@ class Coordinator:
         self._ckpt_on_disk = -1  # version (train_iter) of the checkpoint copied to the run folder
         self._setting_sent = ""  # the collect setting last written to rqrl:{exp}:collect_setting (JSON)
         self._next_setting = 0.0
+        self._done_fd = done_fd
 
     # ------------------------------------------------------------------ lifecycle
     def _pick_run_name(self) -> str:
@@ -579,6 +582,7 @@ class Coordinator:
                         "reward_mean": ev["reward_mean"], "reward_std": ev.get("reward_std", 0.0),
                         "episodes": ev.get("real_episode_count", 0), "confirmation": ev.get("confirmation") is True,
                         "time": ev.get("ts", time.time())})
+                    self._note_eval_phase(ev)
                 return converged
             if int(entry["task"].get("rank", 0)) != 0:
                 return False  # rank 0 of a learner group reports for the group
@@ -592,6 +596,18 @@ class Coordinator:
             if ev.get("fatal") is True:  # a replacement would fail the same way (e.g. NaN weights)
                 self._fatal = f"{kind} task {tid} failed: {ev.get('error', 'unknown error')}"
         return False
+
+    def _note_eval_phase(self, ev: dict[str, Any]) -> None:
+        """Phases ``first_eval``, ``passing_eval`` (an eval reaching stop_value: the last one before
+        the run converges is the one confirmed) and ``confirmation``, at this eval's receipt."""
+        now, stop_value = time.time(), self.cfg.env.stop_value
+        pipe = self.conn.pipeline(transaction=False)
+        phases.record(pipe, self.exp, "first_eval", now)
+        if ev.get("confirmation") is True:
+            phases.record(pipe, self.exp, "confirmation", now, first_only=False)
+        elif stop_value is not None and float(ev["reward_mean"]) >= float(stop_value):
+            phases.record(pipe, self.exp, "passing_eval", now, first_only=False)
+        pipe.execute()
 
     def _fail(self, tid: str, reason: str) -> None:
         entry = self.running.pop(tid)
@@ -785,10 +801,6 @@ class Coordinator:
             # DEL needs no memory: without their leases the tasks stop at their next write.
             lease.revoke(self.conn, self.exp, *self.running)
         self._best_effort("cancel queued tasks", self._cancel_queued)
-        # Importing matplotlib and drawing take a second or two: overlap them with the wait below.
-        curve: dict[str, Optional[Path]] = {}
-        plotter = threading.Thread(target=lambda: curve.update(path=self._plot_curve()), daemon=True)
-        plotter.start()
         timeout = float(self.cfg.commander.finish_timeout)
         if code == EXIT_INTERRUPTED or self._oom:
             timeout = min(timeout, 10.0)
@@ -811,9 +823,10 @@ class Coordinator:
             learner["events_lost"] = self.events_lost
         summary = self._write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",
                                       **self._at_stop, **learner)
+        summary["phases"] = self._phases_at_end()
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        plotter.join(timeout=60)
+        _write_atomic(self.out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+        curve = self.out / "curve.png" if self._evals_at_stop else None
         lines = [
             f"rqrl {self.exp}: {reason}",
             f"  wall time      {summary['wall_seconds']:.1f} s",
@@ -824,9 +837,35 @@ class Coordinator:
                 f" (policy version {summary.get('final_policy_version')}"
                 + (", the weights the converging eval played)" if summary.get("final_eval_task") else ")")
                 if final else ""),
-            f"  curve          {curve.get('path') or 'no evaluations'}",
+            f"  curve          {curve or 'no evaluations'}",
+            f"  phases         {phases.render(summary['phases'])}",
         ]
         print("\n".join(lines), flush=True)
+        self._signal_done(code)
+        if curve is not None:  # after the summary: rqrl train does not wait for the plot
+            self._plot_curve()
+
+    def _phases_at_end(self) -> dict[str, float]:
+        """Record phase ``final_pt`` (final.pt is written, summary.json is next) and return the
+        run's phases for summary.json (common/phases.py); what Redis cannot give is left out."""
+        self._best_effort("record phase final_pt", phases.record, self.conn, self.exp, "final_pt")
+        try:
+            return phases.read(self.conn, self.exp)
+        except redis.RedisError as e:
+            self.log.warning("could not read the run's phases: %s", e)
+            return {}
+
+    def _signal_done(self, code: int) -> None:
+        """Tell ``rqrl train`` (``done_fd``) that summary.json and final.pt are written: the exit code, then EOF."""
+        if self._done_fd is None:
+            return
+        try:
+            os.write(self._done_fd, f"{code}\n".encode())
+        except OSError:  # rqrl train is gone: nobody to tell
+            pass
+        finally:
+            os.close(self._done_fd)
+            self._done_fd = None
 
     def _plot_curve(self) -> Optional[Path]:
         """The run folder's ``curve.png``: eval reward against env steps and wall time, with the stop_value line."""

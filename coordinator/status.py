@@ -11,7 +11,7 @@ import redis
 from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from common import keys, streams
+from common import keys, phases, streams
 from common.connection import RedisUnavailable, connect_checked
 from common.redis_memory import memory_info
 from coordinator.runs import list_runs
@@ -88,6 +88,7 @@ def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, An
             "tasks_alive": sorted(tasks, key=lambda t: t["task_id"]),
             "throughput_1min": _throughput(conn, e),
             "learner": _learner_figures(conn, e),
+            "phases": phases.read(conn, e),
         }
     return out
 
@@ -124,6 +125,8 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"  policy lag (train iters) p50 {lf['policy_lag_p50']:g}  p95 {lf['policy_lag_p95']:g}  "
                          f"max {lf['policy_lag_max']:g}" + (f"  stale chunks dropped {lf['stale_chunks']}"
                                                             if "stale_chunks" in lf else ""))
+        if info.get("phases"):
+            lines.append(f"  phases {phases.render(info['phases'], width=71, indent='         ')}")
         for task in info["tasks_alive"]:
             lines.append(f"  task {task['task_id']:<40} heartbeat ttl {task['heartbeat_ttl_s']} s")
     return "\n".join(lines)

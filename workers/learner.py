@@ -38,7 +38,7 @@ import redis
 import torch
 from easydict import EasyDict
 
-from common import events, keys, spaces
+from common import events, keys, phases, spaces
 from common.device import pick_device
 from common.finite import check_train_step
 from common.logs import build_logger, build_tb_writer
@@ -325,6 +325,20 @@ class PublishPolicyHook(LearnerHook):
                        envstep=learner.collector_envstep)
 
 
+class PhaseHook(LearnerHook):
+    """Record run phase ``phase`` (common/phases.py) the first time the hook runs, e.g.
+    ``first_train_step`` after the first train iteration; a no-op after that."""
+
+    def __init__(self, conn: redis.Redis, exp: str, phase: str, position: str, priority: int) -> None:
+        super().__init__(f"phase_{phase}_{position}", position, priority=priority)
+        self._conn, self._exp, self._phase, self._done = conn, exp, phase, False
+
+    def __call__(self, learner: BaseLearner) -> None:
+        if not self._done:
+            self._done = True
+            phases.record(self._conn, self._exp, self._phase)
+
+
 class FeedbackHook(LearnerHook):
     """Hand the last iteration's ``priority_info`` to the data source (prioritized replay)."""
 
@@ -444,6 +458,9 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
         for position, freq in (("before_run", 1), ("after_iter", send_freq)):
             learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq,
                                                     source.envstep_limit, lease_key))
+        # After the first publication (priority 30) and before the first iteration's other hooks.
+        learner.register_hook(PhaseHook(conn, exp, "first_policy", "before_run", 31))
+        learner.register_hook(PhaseHook(conn, exp, "first_train_step", "after_iter", 5))
     t_start, cpu_start = time.time(), time.process_time()
 
     def stats() -> dict[str, Any]:

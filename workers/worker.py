@@ -1,8 +1,9 @@
 """RQ worker classes for rqrl: the job modules, torch and gymnasium imported once per worker.
 
 ``PreloadWorker`` is RQ's forking ``Worker`` whose parent imports torch, gymnasium and the job
-modules once, so each forked work-horse inherits them instead of paying ~1.5-2 s of imports
-per task (learners use it)::
+modules once, and ``torch._dynamo`` when it starts, so each forked work-horse inherits them
+instead of paying ~1.5-2 s of imports, and ~1.1-1.5 s more for its first optimizer, per task
+(learners use it)::
 
     rq worker learner --url redis://head:6379/0 -w workers.worker.PreloadWorker
 
@@ -21,6 +22,7 @@ see docs/architecture.md ("Envs live on the collector worker").
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from typing import Any
@@ -48,6 +50,13 @@ _SWEEP_EVERY_S = 10.0
 class PreloadWorker(Worker):
     """``rq.worker.Worker`` whose module pre-imports rqrl's job code (see module docstring).
 
+    It also imports ``torch._dynamo`` when created, before it forks any work-horse: every
+    ``torch.optim.Optimizer`` imports it (and sympy, ~800 modules, 1.1-1.5 s of CPU) the first
+    time it is built in a process, because ``Optimizer.add_param_group`` is wrapped by
+    ``torch._disable_dynamo`` (torch/_compile.py), so each learner task's work-horse paid it.
+    Here, not at module level: ``rqrl train`` imports this module before it forks the collector
+    workers, which build no optimizer; only learner workers pay, once, after their fork.
+
     Its own Redis client retries connection errors and ``OOM`` replies with backoff (~10 s):
     stock RQ quits on the first refused write of its bookkeeping, so a Redis that is full for
     the few seconds the coordinator needs to stop the run and free memory would kill it.
@@ -57,6 +66,7 @@ class PreloadWorker(Worker):
         if connection is not None:
             connection = with_retries(connection)
         super().__init__(*args, connection=connection, **kwargs)
+        importlib.import_module("torch._dynamo")
 
 
 class CollectorWorker(SimpleWorker):
