@@ -296,10 +296,12 @@ class Collector:
         cfg = self._cfg
         ev = cfg.policy.eval.evaluator
         n_episode = int(self._task.get("eval_episodes") or cfg.env.n_evaluator_episode)
-        # Fixed per-env quotas: counting "the first N episodes to finish" would favour short ones.
-        quota = np.full(self._env_num, n_episode // self._env_num)
-        quota[: n_episode % self._env_num] += 1
-        done_count = np.zeros(self._env_num, np.int64)
+        # Episodes start on whichever env is free, the first n_episode started count, and each of
+        # them plays to its end: the episodes spread over the envs (none idles while another has
+        # several left to play, as with fixed per-env quotas), and whether an episode counts never
+        # depends on how it turns out ("the first N to finish" would favour short ones).
+        counting = np.arange(self._env_num) < n_episode  # the env's current episode counts
+        started = int(counting.sum())
         stats = self._live.episodes
         stats.new_task()
         # Every eval plays fresh episodes from its own seeds, on envs built once per run.
@@ -307,8 +309,8 @@ class Collector:
         stats.restart()
         steps = 0
         cap = int(ev.max_env_steps)
-        deadline = time.time() + float(ev.max_episode_seconds) * max(1, quota.max())
-        while (done_count < quota).any():
+        deadline = time.time() + float(ev.max_episode_seconds) * max(1, -(-n_episode // self._env_num))
+        while counting.any():
             if self._comm.poll_stop() or time.time() > deadline:
                 break
             if cap and steps >= cap:
@@ -318,10 +320,12 @@ class Collector:
             obs, reward, terminated, truncated, _ = step(self._env, cfg.env.env_id, env_action)
             check_finite(cfg.env.env_id, reward, *([obs] if self._spec.obs_kind == "box" else []))
             done = terminated | truncated
-            counts = done_count < quota
-            stats.step(reward, done, counts)
-            done_count += (done & counts).astype(np.int64)
-            steps += int(counts.sum())
+            stats.step(reward, done, counting)
+            steps += int(counting.sum())
+            # The vector env has reset these envs (autoreset): their next episodes start now.
+            for i in np.flatnonzero(done & counting):
+                counting[i] = started < n_episode
+                started += int(counting[i])
         return steps
 
 

@@ -491,10 +491,16 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
     reader.start()
     try:
         learner.start()
-    finally:
+    except BaseException:
         reader.stop()
         reader.join(timeout=5)
         learner.close()
+        raise
+    # The reader ends after its current blocking read (up to its block_ms): the run's wrap-up
+    # waits for this report, not for that read, so it is joined after the report.
+    reader.stop()
+    learner.close()
     info = dict(learner.learn_info, buffer_id=task["buffer_id"], **stats())
     events.emit(conn, exp, "finished", task_id, "learner", **info)
+    reader.join(timeout=5)
     return info

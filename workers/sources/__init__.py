@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from workers.learner import BaseLearner
 
 
+# How often the stop flag is read (one EXISTS): the learner's final checkpoint and report, which
+# the run's wrap-up waits for, start at most this long after the flag is set.
+_STOP_CHECK_S = 0.05
+
+
 class DataSource:
     """Shared waiting, stop-flag and env-step accounting of the learner's data sources."""
 
@@ -56,7 +61,7 @@ class DataSource:
     def _stop_due(self) -> bool:
         now = time.monotonic()
         if now >= self._next_stop_check:
-            self._next_stop_check = now + 0.2
+            self._next_stop_check = now + _STOP_CHECK_S
             self._stopped = stop_requested(self._conn, self._exp)
         return self._stopped
 
@@ -111,7 +116,7 @@ class DataSource:
                 self._learner.collector_envstep = envstep
                 if self._ready(envstep):
                     break
-                self._cond.wait(timeout=0.2)
+                self._cond.wait(timeout=_STOP_CHECK_S)
         self.wait_seconds += time.perf_counter() - t0
         return self._take()
 
