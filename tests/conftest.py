@@ -100,6 +100,25 @@ def wait_event(conn, exp: str, pred, timeout: float) -> dict:
     raise AssertionError(f"no matching event on {keys.events(exp)} within {timeout} s")
 
 
+def wait_gone(marker: str, timeout: float = 60.0, in_cwd: bool = False) -> list[str]:
+    """Wait until no process but this one has ``marker`` in its command line (``in_cwd``: has the
+    folder ``marker`` as its working directory): ``rqrl train`` stops its children in a background
+    teardown after it returns. Returns the command lines of those still running after
+    ``timeout`` seconds (empty: all gone)."""
+    import psutil
+
+    def ours(p: "psutil.Process") -> bool:
+        if p.pid == os.getpid():
+            return False
+        if in_cwd:
+            return p.info["cwd"] == str(marker)
+        return marker in " ".join(p.info["cmdline"] or [])
+
+    procs = [p for p in psutil.process_iter(["cmdline", "cwd"]) if ours(p)]
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [" ".join(p.info["cmdline"] or []) for p in alive]
+
+
 def initial_weights(cfg):
     """Fresh acting weights of ``cfg``'s policy for its env (what a learner publishes first)."""
     import copy
