@@ -586,7 +586,8 @@ class Coordinator:
                 return converged
             if int(entry["task"].get("rank", 0)) != 0:
                 return False  # rank 0 of a learner group reports for the group
-            self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
+            self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "train_s", "sched_wait_share",
+                                                     "cpu_s", "pushed", "chunks",
                                                      "expired", "corrupt", "malformed", "stale_chunks", "stale_rows",
                                                      "policy_lag_p50", "policy_lag_p95", "policy_lag_max") if k in ev}
             self.learner_last = {"train_iter": int(ev.get("train_iter", 0)), "envstep": int(ev.get("collector_envstep", 0))}

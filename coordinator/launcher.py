@@ -525,7 +525,9 @@ class Launcher:
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.close(null)
+            t0 = time.time()
             self._teardown(coordinator_grace_s=_CURVE_GRACE_S)
+            print(f"teardown finished in {time.time() - t0:.2f} s (at {time.time():.3f})", flush=True)
             code = 0
         except BaseException:  # noqa: BLE001  (this process's only way out is os._exit below)
             traceback.print_exc()

@@ -326,17 +326,32 @@ class PublishPolicyHook(LearnerHook):
 
 
 class PhaseHook(LearnerHook):
-    """Record run phase ``phase`` (common/phases.py) the first time the hook runs, e.g.
-    ``first_train_step`` after the first train iteration; a no-op after that."""
+    """Note when the hook first runs (:attr:`at`, unix seconds), e.g. ``first_train_step`` after
+    the first train iteration, and with ``record`` write it as run phase ``phase``
+    (common/phases.py); a no-op after that."""
 
-    def __init__(self, conn: redis.Redis, exp: str, phase: str, position: str, priority: int) -> None:
+    def __init__(self, conn: redis.Redis, exp: str, phase: str, position: str, priority: int,
+                 record: bool = True) -> None:
         super().__init__(f"phase_{phase}_{position}", position, priority=priority)
-        self._conn, self._exp, self._phase, self._done = conn, exp, phase, False
+        self._conn, self._exp, self._phase, self._record = conn, exp, phase, record
+        self.at: Optional[float] = None
 
     def __call__(self, learner: BaseLearner) -> None:
-        if not self._done:
-            self._done = True
-            phases.record(self._conn, self._exp, self._phase)
+        if self.at is None:
+            self.at = time.time()
+            if self._record:
+                phases.record(self._conn, self._exp, self._phase, self.at)
+
+
+def _sched_s() -> tuple[float, float]:
+    """Seconds the calling thread has run on a CPU and waited, runnable, for one (Linux
+    ``/proc/thread-self/schedstat``: the scheduler's run and run-queue times); zeros elsewhere."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            run_ns, wait_ns, _ = f.read().split()
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 class FeedbackHook(LearnerHook):
@@ -458,10 +473,11 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
         for position, freq in (("before_run", 1), ("after_iter", send_freq)):
             learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq,
                                                     source.envstep_limit, lease_key))
-        # After the first publication (priority 30) and before the first iteration's other hooks.
+        # After the first publication (priority 30).
         learner.register_hook(PhaseHook(conn, exp, "first_policy", "before_run", 31))
-        learner.register_hook(PhaseHook(conn, exp, "first_train_step", "after_iter", 5))
-    t_start, cpu_start = time.time(), time.process_time()
+    first_step = PhaseHook(conn, exp, "first_train_step", "after_iter", 5, record=lead)
+    learner.register_hook(first_step)
+    t_start, cpu_start, sched_start = time.time(), time.process_time(), _sched_s()
 
     def stats() -> dict[str, Any]:
         r = source.reader
@@ -470,6 +486,11 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
                "corrupt": r.corrupt if r else 0, "malformed": r.malformed if r else 0,
                **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
                "train_iter_per_sec": round(learner.train_iter / elapsed, 2),
+               # Seconds since the first train iteration (train_iter / train_s: the training speed).
+               "train_s": round(time.time() - first_step.at, 3) if first_step.at else 0.0,
+               # Share of the time the training thread was ready to run but waited for a CPU:
+               # what the other processes on the machine (collectors, evals) cost it.
+               "sched_wait_share": round((_sched_s()[1] - sched_start[1]) / elapsed, 4),
                "cpu_s": round(time.process_time() - cpu_start, 2)}  # the learner process's CPU seconds
         if group is not None:  # rank 0's own share of the data, and the cost of averaging gradients
             out.update(learner_num=group.world_size, allreduce_share=round(group.allreduce_seconds / elapsed, 4))

@@ -35,8 +35,9 @@ def test_forked_workers_are_rq_workers_and_leave_with_the_run(tmp_path, redis_se
                              cwd=tmp_path, env=worker_env(""), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_event(conn, ns, lambda ev: ev.get("type") == "started" and ev.get("task_type") == "collector", timeout=120)
+        # The learner worker imports torch._dynamo before its first task (PreloadWorker): it may start later.
         learner = wait_event(conn, ns, lambda ev: ev.get("type") == "started" and ev.get("task_type") == "learner",
-                             timeout=5)
+                             timeout=120)
         workers = [w for w in Worker.all(connection=conn) if w.name.startswith(f"{exp}-")]
         queues = sorted(q for w in workers for q in w.queue_names())
         assert queues == ["collector", "collector", "learner"], [(w.name, w.queue_names()) for w in workers]
