@@ -84,8 +84,9 @@ def seconds(phases: dict[str, float]) -> dict[str, float]:
 
 def render(phases: dict[str, float], width: Optional[int] = None, indent: str = "") -> str:
     """Seconds after launch, e.g. ``launch 0.00 s | redis up 0.31 | ... | exit 6.20`` (``none`` when
-    empty); with ``width``, broken between phases into lines of at most that many characters, the
-    lines after the first starting with ``indent``."""
+    empty); with ``width``, broken between phases into lines of at most ``width`` characters, the
+    lines after the first starting with ``indent`` (the first is meant to follow a label as
+    long as ``indent``)."""
     rel = seconds(phases)
     if not rel:
         return "none"
@@ -96,7 +97,7 @@ def render(phases: dict[str, float], width: Optional[int] = None, indent: str = 
         return " | ".join(parts)
     lines = [parts[0]]
     for part in parts[1:]:
-        if len(lines[-1]) + 3 + len(part) > width - len(indent):
+        if len(indent) + len(lines[-1]) + len(" | ") + len(part) + len(" |") > width:
             lines[-1] += " |"
             lines.append(part)
         else:

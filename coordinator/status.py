@@ -126,7 +126,7 @@ def render(status: dict[str, Any]) -> str:
                          f"max {lf['policy_lag_max']:g}" + (f"  stale chunks dropped {lf['stale_chunks']}"
                                                             if "stale_chunks" in lf else ""))
         if info.get("phases"):
-            lines.append(f"  phases {phases.render(info['phases'], width=71, indent='         ')}")
+            lines.append(f"  phases {phases.render(info['phases'], width=80, indent='         ')}")
         for task in info["tasks_alive"]:
             lines.append(f"  task {task['task_id']:<40} heartbeat ttl {task['heartbeat_ttl_s']} s")
     return "\n".join(lines)

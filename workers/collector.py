@@ -12,8 +12,9 @@ blob compressed per ``collector.compression``, common/chunk_codec.py; tagged wit
 version that produced them), refreshes its weights whenever the learner publishes a newer
 version (on-policy algorithms wait for it after each chunk), and ends after ``task_env_steps``
 env steps, ``task_max_seconds`` or at the stop flag. An eval task (``eval_flag``) resets its
-eval envs with its own seeds, plays ``env.n_evaluator_episode`` episodes (at most
-``policy.eval.evaluator.max_env_steps`` env steps), counts each exactly once and sends no
+eval envs with its own seeds, plays ``env.n_evaluator_episode`` episodes (a confirming eval
+its ``eval_episodes``), each started on whichever eval env is free, at most
+``policy.eval.evaluator.max_env_steps`` env steps, counts each exactly once and sends no
 training data. Both report the seed's finish info.
 """
 
