@@ -24,7 +24,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -125,14 +124,19 @@ def _rq_worker_main(argv: list[str]) -> int:
 def _coordinator_main(argv: list[str]) -> int:
     """``python -m coordinator ARGV...`` in this process; its exit code.
 
-    matplotlib (curve.png at the end of the run) imports in a thread meanwhile: at the start
-    the coordinator mostly waits for its workers, at the end that import would delay the exit.
+    matplotlib is imported only for curve.png, after the summary: an import at the start would
+    take CPU from the workers' start-up, and nothing waits for the plot at the end.
     """
     from coordinator.__main__ import main
 
-    threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",), daemon=True,
-                     name="preload-matplotlib").start()
     return main(argv)
+
+
+def _collector_nice() -> int:
+    """How much nicer than the learner the collector workers run (``$RQRL_COLLECTOR_NICE``, default
+    5; 0: as nice as the learner). The learner keeps a core while collectors, paced by the replay
+    ratio, fill the rest: on a small machine a starved learner slows the whole run."""
+    return int(os.environ.get("RQRL_COLLECTOR_NICE", "5"))
 
 
 class _Terminated(KeyboardInterrupt):
@@ -233,10 +237,11 @@ class Launcher:
         self._done_code: Optional[int] = None
 
     def _fork(self, name: str, main: Callable[[list[str]], int], argv: list[str], env: dict[str, str],
-              path: list[str]) -> None:
+              path: list[str], nice: int = 0) -> None:
         """Fork a child that runs ``main(argv)`` in its own session, in ``out_dir``, with ``env`` set,
-        ``path`` first on ``sys.path`` and stdout/stderr in ``log/{name}.log``; it exits with main's code."""
-        self._spawn.setdefault(name, (main, argv, env, path))  # as first started: restarts derive from it
+        ``path`` first on ``sys.path``, its niceness raised by ``nice`` and stdout/stderr in
+        ``log/{name}.log``; it exits with main's code."""
+        self._spawn.setdefault(name, (main, argv, env, path, nice))  # as first started: restarts derive from it
         log = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -248,6 +253,8 @@ class Launcher:
         code = 1
         try:
             os.setsid()
+            if nice:
+                os.nice(nice)
             for s in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(s, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -340,7 +347,7 @@ class Launcher:
             self._worker_names.append(f"{self.cfg.exp_name}-{tag}collector{i}-{stamp}")
             self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS[keys.COLLECTOR_QUEUE],
                                                           "--name", self._worker_names[-1]],
-                       env, path)
+                       env, path, nice=_collector_nice())
 
     def _run(self) -> int:
         url, env, extra, conn = self._prepare()
@@ -403,10 +410,10 @@ class Launcher:
                           + ("; starting it again" if again else ""), file=sys.stderr)
                     if again:  # a collector worker runs its tasks in-process: an env that crashed it
                         n = self.restarts[name] = self.restarts.get(name, 0) + 1
-                        main, argv, env, path = self._spawn[name]
+                        main, argv, env, path, nice = self._spawn[name]
                         # A new RQ worker name: the dead one's key lives on until its TTL ends.
                         argv = [f"{a}-r{n}" if i and argv[i - 1] == "--name" else a for i, a in enumerate(argv)]
-                        self._fork(name, main, argv, env, path)
+                        self._fork(name, main, argv, env, path, nice)
                     else:
                         warned.add(name)
         code = self._done_code if self._done_code is not None else coord.returncode

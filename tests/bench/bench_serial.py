@@ -134,7 +134,7 @@ def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
     end = time.perf_counter()
     training = end - (first_train or end) - eval_s
     return {"seed": seed, "envstep": envstep, "train_iter": it, "wall_s": round(end - t0, 2),
-            "solved": passed,
+            "solved": bool(passed),
             "train_iter_per_s": round(it / training, 1) if training > 0 else None,
             "first_train_unix": round(first_train_unix, 3)}
 

@@ -48,6 +48,10 @@ def test_forked_workers_are_rq_workers_and_leave_with_the_run(tmp_path, redis_se
         assert all(psutil.Process(w.pid).cmdline() == psutil.Process(train.pid).cmdline() for w in workers)
         # ... and the learner task (running until the stop) in a work-horse its worker forked.
         assert psutil.Process(int(learner["pid"])).ppid() in {w.pid for w in workers}
+        # The collector workers yield the CPU to the learner (RQRL_COLLECTOR_NICE, default 5).
+        base = psutil.Process(train.pid).nice()
+        assert {psutil.Process(w.pid).nice() - base for w in workers if "collector" in w.queue_names()} == {5}
+        assert psutil.Process(int(learner["pid"])).nice() == base
     finally:
         train.send_signal(signal.SIGTERM)
         out, err = train.communicate(timeout=60)
