@@ -280,7 +280,7 @@ def _validate(cfg: dict) -> None:
     from common import keys
 
     try:
-        keys.exp_prefix(cfg["exp_name"])
+        keys.check_path_component("exp_name", cfg["exp_name"])
     except ValueError as e:
         raise ConfigError(f"config key 'exp_name': {e}") from None
     positive = {
@@ -403,23 +403,44 @@ def _top_level_imports(path: Path) -> list[str]:
     return [n for n in names if n.split(".")[0] not in sys.stdlib_module_names]
 
 
+# The spellings of true / false / null users type from JSON and YAML (YAML 1.2 core schema).
+_WORDS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False,
+          "null": None, "Null": None, "NULL": None, "~": None, "None": None}
+
+
+def parse_value(raw: str) -> Any:
+    """The value of a ``--set KEY=VALUE``: a Python literal (``128``, ``1e-3``, ``[64, 64]``,
+    ``'text'``), a JSON document (``[true, null]``, ``{"a": 1}``), or the JSON / YAML words for
+    true, false and null in any of their spellings (``true``, ``True``, ``TRUE``, ``null``, ``~``);
+    anything else is the string itself (``CartPole-v1``)."""
+    import ast
+    import json
+
+    text = raw.strip()
+    if text in _WORDS:
+        return _WORDS[text]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        pass
+    try:
+        return json.loads(text)
+    except ValueError:
+        return raw
+
+
 def apply_overrides(cfg: EasyDict, overrides: list[str]) -> EasyDict:
-    """Apply ``key.path=value`` overrides (values parsed as Python literals, else strings).
+    """Apply ``key.path=value`` overrides (values parsed by :func:`parse_value`).
 
     Raises:
         ConfigError: a malformed override, an unknown key or a wrong type.
     """
-    import ast
-
     patch: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. policy.learn.batch_size=128")
         dotted, raw = item.split("=", 1)
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
+        value = parse_value(raw)
         node = patch
         parts = dotted.strip().split(".")
         for p in parts[:-1]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -81,38 +82,47 @@ class RedisUnavailable(RuntimeError):
     """Redis cannot be reached or refused the credentials (the message has the redacted URL)."""
 
 
+# How long connect_checked(patient=True) keeps trying an unreachable server (a restarting Redis).
+PATIENCE_S = 10.0
+
+
 def connect_checked(url: str | None = None, *, socket_timeout: float | None = 60.0, patient: bool = True) -> redis.Redis:
-    """:func:`connect`, then PING. Wrong credentials fail at once; an unreachable server is
-    retried with backoff first (a restarting Redis is given its ~10 s) unless ``patient`` is
-    False (an interactive command: one try, at most 2 s).
+    """:func:`connect` after a PING has answered. Wrong credentials or a bad URL fail at once; an
+    unreachable server is tried again with backoff (0.1 s doubling to 2 s) for at most
+    :data:`PATIENCE_S` (10) seconds in all, so a restarting Redis is waited for, unless
+    ``patient`` is False (an interactive command: one try, at most 2 s).
 
     Raises:
         RedisUnavailable: naming the URL with its password redacted.
     """
     url = resolve_url(url)
-    timeout = 5 if patient else 2
-    try:
-        probe = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout,
-                                     retry=Retry(ExponentialBackoff(), 0))
+    start = time.monotonic()
+    deadline = start + (PATIENCE_S if patient else 0.0)
+    delay = 0.1
+    while True:
+        timeout = max(0.1, min(5.0, deadline - time.monotonic())) if patient else 2.0
         try:
-            probe.ping()
-        finally:
-            probe.close()
-    except (redis.AuthenticationError, redis.ResponseError) as e:
-        raise RedisUnavailable(f"Redis at {redact(url)} refused us: {scrub(str(e), url)}") from None
-    except ValueError as e:
-        raise RedisUnavailable(f"bad redis url {redact(url)}: {scrub(str(e), url)}") from None
-    except redis.RedisError as e:
-        if not patient:
-            raise RedisUnavailable(f"cannot reach Redis at {redact(url)}: {scrub(str(e), url)}") from None
-        # unreachable just now: the retrying client below tries again
+            probe = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout,
+                                         retry=Retry(ExponentialBackoff(), 0))
+            try:
+                probe.ping()
+            finally:
+                probe.close()
+            break
+        except (redis.AuthenticationError, redis.ResponseError) as e:
+            raise RedisUnavailable(f"Redis at {redact(url)} refused us: {scrub(str(e), url)}") from None
+        except ValueError as e:
+            raise RedisUnavailable(f"bad redis url {redact(url)}: {scrub(str(e), url)}") from None
+        except redis.RedisError as e:
+            if time.monotonic() + delay >= deadline:
+                waited = f" (tried for {time.monotonic() - start:.0f} s)" if patient else ""
+                raise RedisUnavailable(f"cannot reach Redis at {redact(url)}{waited}: {scrub(str(e), url)}") from None
+            time.sleep(delay)  # backoff between connection attempts: nothing to wait on but time
+            delay = min(2.0, delay * 2)
     try:
-        conn = connect(url, socket_timeout=socket_timeout)
-        conn.ping()
-    except (redis.RedisError, ValueError) as e:
-        raise RedisUnavailable(scrub(str(e), url) if isinstance(e, ValueError)
-                               else f"cannot reach Redis at {redact(url)}: {scrub(str(e), url)}") from None
-    return conn
+        return connect(url, socket_timeout=socket_timeout)
+    except ValueError as e:
+        raise RedisUnavailable(scrub(str(e), url)) from None
 
 
 # Query arguments whose value is a secret (redis-py reads ``?password=``; ``ssl_password`` etc.).

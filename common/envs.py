@@ -15,7 +15,10 @@ of the spaces, ``rqrl eval``) goes through here, so they all see the same spaces
                The base env is built with frameskip=1 (the wrapper skips) and sticky actions
                (repeat_action_probability, 0.25 as ALE v5). Settings: ``env.atari``.
     wrappers   env.wrappers = [dict(type="module:Class", kwargs={...}, train_only=False), ...],
-               applied in order after the preset (any gymnasium wrapper, or your own).
+               applied in order after the preset (any gymnasium wrapper, or your own), except
+               wrappers with running statistics across episodes (NormalizeObservation,
+               NormalizeReward): refused, since every collector, eval task and `rqrl eval`
+               has envs of its own and the statistics would not travel with the policy.
 
 MinAtar ids (``MinAtar/Breakout-v0``, ...; the ``minatar`` extra) work without an import of
 the user's: gymnasium 1.x does not load MinAtar's plugin, so the first env id that starts with
@@ -33,6 +36,19 @@ from typing import Any, Callable
 
 PRESETS = ("", "atari")
 MINATAR_PREFIX = "MinAtar/"
+
+# Wrappers that keep running statistics across episodes (gymnasium's normalisers). Each collector,
+# eval task and `rqrl eval` has envs of its own, so the statistics would differ between them and
+# never reach final.pt: refused by name.
+STATEFUL_WRAPPERS = ("NormalizeObservation", "NormalizeReward")
+
+
+def _stateful_error(i: int, type_: str) -> "EnvConfigError":
+    return EnvConfigError(
+        f"config key 'env.wrappers[{i}].type': {type_!r} keeps running statistics across episodes, which rqrl "
+        "cannot carry between collectors, eval tasks, final.pt and `rqrl eval` (each has envs of its own, so "
+        "the policy would be evaluated on differently scaled inputs); normalise in the env itself with fixed "
+        "statistics, or leave the wrapper out")
 
 
 class EnvConfigError(ValueError):
@@ -57,6 +73,8 @@ def check(env_cfg: Any) -> None:
         if not ok:
             raise EnvConfigError(f"config key 'env.wrappers[{i}]' must be dict(type='module:Class', kwargs={{...}}, "
                                  f"train_only=False), got {w!r}")
+        if w["type"].rpartition(":")[2] in STATEFUL_WRAPPERS:
+            raise _stateful_error(i, w["type"])
 
 
 def base_kwargs(env_cfg: Any) -> dict[str, Any]:
@@ -146,6 +164,8 @@ def wrappers(env_cfg: Any, train: bool) -> list[Callable[[Any], Any]]:
         except (ImportError, AttributeError) as e:
             raise EnvConfigError(f"config key 'env.wrappers[{i}].type': cannot import {w['type']!r} "
                                  f"({type(e).__name__}: {e})") from None
+        if isinstance(cls, type) and issubclass(cls, (gw.NormalizeObservation, gw.NormalizeReward)):
+            raise _stateful_error(i, w["type"])  # a subclass or another name for one
         kw = dict(w.get("kwargs") or {})
         out.append(lambda e, cls=cls, kw=kw: cls(e, **kw))
     return out

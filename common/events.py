@@ -9,14 +9,21 @@ Each entry has the fields ``type`` (one of :data:`EVENT_TYPES`), ``task_id``, ``
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from typing import Any, Optional
 
 import redis
 
 from common import keys, streams
 
-EVENT_TYPES = ("started", "finished", "failed", "learner_info")
+# "scalars" and "log" carry a task's TensorBoard scalars and log lines to the coordinator's run
+# folder (common/logs.py): a learner on another machine writes nothing on its own disk.
+EVENT_TYPES = ("started", "finished", "failed", "learner_info", "scalars", "log")
+
+# Fields of a collector's ``finished`` event that are per-episode figures: a task that finished
+# no episode (``real_episode_count`` 0) has none of them, and sends none.
+EPISODE_FIELDS = ("reward_mean", "reward_std", "avg_step_per_episode", "avg_time_per_episode")
 TASK_TYPES = ("collector", "learner")
 
 
@@ -51,3 +58,29 @@ def parse(stream: str, entry_id: bytes, raw: dict[bytes, bytes]) -> dict[str, An
     if ev["task_type"] not in TASK_TYPES:
         raise streams.MalformedEntry(f"{where}: unknown task_type {ev['task_type']!r}")
     return ev
+
+
+def figure(ev: dict[str, Any], name: str) -> Optional[float]:
+    """Field ``name`` of a decoded event (or of a record built from one) as a finite float, or
+    None when there is no number: the field is absent, empty, not a number, NaN or infinite.
+
+    A collector task that finished no episode sends no ``reward_mean`` (its workers omit the
+    :data:`EPISODE_FIELDS`); readers treat None as "no number": never plotted, never the best,
+    never passing ``stop_value``, shown as ``-`` (JSON: absent or null).
+    """
+    value = ev.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def episode_figure(ev: dict[str, Any], name: str) -> Optional[float]:
+    """A per-episode figure (one of :data:`EPISODE_FIELDS`) of a collector's ``finished`` event or
+    of an eval record: :func:`figure`, but None whenever the event says it finished no episode
+    (``real_episode_count`` or a record's ``episodes`` is 0), whatever number it carries: a
+    collector of an earlier version sent 0.0 there, which is no reward."""
+    for count in ("real_episode_count", "episodes"):
+        if count in ev and ev[count] == 0:
+            return None
+    return figure(ev, name)

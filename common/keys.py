@@ -44,6 +44,24 @@ def _check(name: str, value: str) -> str:
     return value
 
 
+# Names in an experiment folder that are not runs: ./{exp_name}/latest (the newest run) and
+# ./{exp_name}/tensorboard/ (links to every run's TensorBoard events).
+RESERVED_RUN_NAMES = ("latest", "tensorboard")
+
+
+def check_path_component(name: str, value: str) -> str:
+    """``value`` as one plain folder name below the working folder, or ValueError naming ``name``.
+
+    ``exp_name`` and ``run_name`` are both key components and folders (``./{exp_name}/{run_name}/``):
+    a ``/`` would nest or escape (an absolute path, ``..``), and ``.`` / ``..`` name the working
+    folder or its parent, so all of them are refused, as are key-breaking characters (:func:`_check`).
+    """
+    if isinstance(value, str) and ("/" in value or "\\" in value or value in (".", "..")):
+        raise ValueError(f"{name} {value!r} must be one plain folder name: no '/' (nor an absolute path), "
+                         "not '.' or '..'")
+    return _check(name, value)
+
+
 def namespace(exp_name: str, run_name: str = "") -> str:
     """The key namespace of one run, ``{exp_name}/{run_name}``: the one place that decides it.
 
@@ -52,14 +70,16 @@ def namespace(exp_name: str, run_name: str = "") -> str:
     ``run_name`` (tasks built by hand, tests) gives the experiment name alone.
 
     Raises:
-        ValueError: an empty or ill-formed component; ``run_name`` must not contain ``/``.
+        ValueError: an empty or ill-formed component; either one is a path (``/``, ``.``, ``..``:
+            :func:`check_path_component`).
     """
-    _check("exp_name", exp_name)
+    check_path_component("exp_name", exp_name)
     if not run_name:
         return exp_name
-    if "/" in run_name:
-        raise ValueError(f"run_name {run_name!r} must not contain '/'")
-    return f"{exp_name}/{_check('run_name', run_name)}"
+    if run_name in RESERVED_RUN_NAMES:
+        raise ValueError(f"run_name {run_name!r} is taken by the experiment folder's own "
+                         f"{'link to the newest run' if run_name == 'latest' else 'TensorBoard links'}")
+    return f"{exp_name}/{check_path_component('run_name', run_name)}"
 
 
 def split_namespace(ns: str) -> tuple[str, str]:

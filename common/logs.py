@@ -1,11 +1,22 @@
-"""Text loggers and TensorBoard writers under ``./{exp_name}/log/{name}`` (the seed's build_logger)."""
+"""Text loggers and TensorBoard writers (the seed's build_logger), local or shipped to the coordinator.
+
+The coordinator writes its run folder (``./{exp_name}/{run_name}/``) on its own machine. A task
+on another machine (the learner of the many-machines recipe, started from any folder) ships its
+log lines and TensorBoard scalars there through Redis, as ``log`` and ``scalars`` events on the
+run's events stream (:class:`ShippedLogHandler`, :class:`ShippedScalars`); the coordinator
+appends the lines to ``log/{name}/{name}.txt`` and writes the scalars into the run's one
+TensorBoard event file (``tensorboard/``), so TensorBoard shows one run per run.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 
 def build_logger(log_dir: str | Path, name: str, console: bool = False) -> logging.Logger:
@@ -64,3 +75,107 @@ class ScalarWriter:
 def build_tb_writer(log_dir: str | Path) -> ScalarWriter:
     """A TensorBoard scalar writer on ``log_dir`` (see :class:`ScalarWriter`)."""
     return ScalarWriter(log_dir)
+
+
+# Seconds a shipping task gathers log lines / scalars into one event (at most one event per
+# second each; a warning or an error is sent at once).
+SHIP_EVERY_S = 1.0
+
+
+class ShippedScalars:
+    """TensorBoard scalars sent to the coordinator (module docstring): the ``add_scalar`` /
+    ``flush`` / ``close`` calls of :class:`ScalarWriter`, gathered for :data:`SHIP_EVERY_S` into
+    one ``scalars`` event whose field ``scalars`` is a JSON list of ``[tag, value, step, walltime]``.
+
+    Args:
+        conn: the task's Redis connection.
+        exp: the run's namespace (common/keys.py).
+        task_id, task_type: the task the events belong to (the coordinator ignores other tasks').
+    """
+
+    def __init__(self, conn: Any, exp: str, task_id: str, task_type: str) -> None:
+        self._conn, self._exp, self._task_id, self._task_type = conn, exp, task_id, task_type
+        self._pending: list[list[Any]] = []
+        self._lock = threading.Lock()
+        self._sent = time.monotonic()
+
+    def add_scalar(self, tag: str, value: float, global_step: int, walltime: Optional[float] = None) -> None:
+        """Queue ``value`` under ``tag`` at ``global_step``, stamped ``walltime`` (default now)."""
+        with self._lock:
+            self._pending.append([tag, float(value), int(global_step), time.time() if walltime is None else walltime])
+            due = time.monotonic() - self._sent >= SHIP_EVERY_S
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what is queued as one event."""
+        from common import events
+
+        with self._lock:
+            batch, self._pending = self._pending, []
+            self._sent = time.monotonic()
+        if batch:
+            events.emit(self._conn, self._exp, "scalars", self._task_id, self._task_type, scalars=json.dumps(batch))
+
+    def close(self) -> None:
+        self.flush()
+
+
+class ShippedLogHandler(logging.Handler):
+    """A logging handler that sends formatted lines to the coordinator as ``log`` events (fields
+    ``name``: the log's name, ``lines``: newline-joined lines), gathered for :data:`SHIP_EVERY_S`;
+    a WARNING or worse is sent at once, and :meth:`flush` / :meth:`close` send the rest."""
+
+    def __init__(self, conn: Any, exp: str, task_id: str, task_type: str, name: str) -> None:
+        super().__init__()
+        self._conn, self._exp, self._task_id, self._task_type, self._name = conn, exp, task_id, task_type, name
+        self._lines: list[str] = []
+        self._sent = time.monotonic()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append(self.format(record))
+            if record.levelno >= logging.WARNING or time.monotonic() - self._sent >= SHIP_EVERY_S:
+                self.flush()
+        except Exception:  # noqa: BLE001 - logging must not fail the task (stdlib convention)
+            self.handleError(record)
+
+    def flush(self) -> None:
+        from common import events
+
+        self.acquire()
+        try:
+            lines, self._lines = self._lines, []
+            self._sent = time.monotonic()
+        finally:
+            self.release()
+        if lines:
+            events.emit(self._conn, self._exp, "log", self._task_id, self._task_type, name=self._name,
+                        lines="\n".join(lines))
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            super().close()
+
+
+def shipped_logger(conn: Any, exp: str, task_id: str, task_type: str, name: str) -> logging.Logger:
+    """A logger for one task whose lines go to the coordinator's run folder (``log/{name}/{name}.txt``,
+    :class:`ShippedLogHandler`) and to stderr (the worker's own output); release it with
+    :func:`close_logger`."""
+    logger = logging.getLogger(f"rqrl.{name}.{task_id}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    fmt = logging.Formatter("[%(asctime)s] %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    for handler in (ShippedLogHandler(conn, exp, task_id, task_type, name), logging.StreamHandler(sys.stderr)):
+        handler.setFormatter(fmt)
+        logger.addHandler(handler)
+    return logger
+
+
+def close_logger(logger: logging.Logger) -> None:
+    """Send what a :func:`shipped_logger` still holds and remove its handlers."""
+    for handler in list(logger.handlers):
+        handler.close()
+        logger.removeHandler(handler)

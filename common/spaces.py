@@ -247,8 +247,11 @@ def check_model(cfg: Any, spec: SpaceSpec) -> None:
     Mutates ``cfg.policy.model`` in place.
 
     Raises:
-        SpaceError: a set value disagrees with the env, in one line naming env id, space and key.
+        SpaceError: a set value disagrees with the env, or the config's algorithm cannot act in
+            the env's action space (``Algorithm.action_kinds``), in one line naming env id,
+            space and key.
     """
+    _check_action_kind(cfg, spec)
     model = cfg.policy.model
     obs_what = (f"observation space Discrete({spec.obs_n})" if spec.obs_kind == "discrete"
                 else f"observation space shape {spec.obs_shape}")
@@ -264,6 +267,19 @@ def check_model(cfg: Any, spec: SpaceSpec) -> None:
                              f"(expected {want!r}); leave it unset to read it from the env")
     if spec.obs_kind == "image":
         _check_conv(model.get("conv"), spec)
+
+
+def _check_action_kind(cfg: Any, spec: SpaceSpec) -> None:
+    from common.policy import algorithm_of
+
+    algo = algorithm_of(cfg)
+    if spec.action_kind not in algo.action_kinds:
+        kind = {"box": "Box", "discrete": "Discrete"}
+        space = (f"Discrete({spec.action_n})" if spec.action_kind == "discrete"
+                 else f"Box of size {spec.action_dim}")
+        raise SpaceError(f"env {spec.env_id!r} (config key 'env.env_id') has action space {space}, but "
+                         f"create_config.policy.type {algo.name!r} needs "
+                         f"{' or '.join(kind[k] for k in algo.action_kinds)} actions")
 
 
 def conv_out_hw(hw: tuple[int, int], conv: list[list[int]]) -> tuple[int, int]:

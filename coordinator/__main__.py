@@ -10,7 +10,8 @@ from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable, connect_checked
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m coordinator``."""
     ap = argparse.ArgumentParser(prog="python -m coordinator", description="Run an rqrl coordinator daemon.")
     ap.add_argument("config", help="DI-engine style config file defining main_config (and create_config)")
     ap.add_argument("--redis-url", default=None, help="redis://[user:pass@]host:port/db, rediss:// or unix:// "
@@ -29,11 +30,17 @@ def main(argv: list[str] | None = None) -> int:
                          "(ckpt/latest.pth, resume.json, evals.jsonl)")
     ap.add_argument("--allow-eviction", action="store_true",
                     help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
+    ap.add_argument("--started-at", type=float, default=None, metavar="UNIX_SECONDS",
+                    help="where the run's wall clock starts (rqrl train passes its launch time); default: now")
     ap.add_argument("--fresh", action="store_true",
                     help="start a new run even if an unfinished run of this experiment and seed is in Redis "
                          "(default: resume it)")
     ap.add_argument("--done-fd", type=int, default=None, help=argparse.SUPPRESS)  # rqrl train's pipe (Coordinator)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         cfg = load_config(args.config)
         overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh, run_name=args.run_name,
-                           resume=args.resume, done_fd=args.done_fd).run()
+                           resume=args.resume, started_at=args.started_at, done_fd=args.done_fd).run()
     except CoordinatorError as e:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1

@@ -95,8 +95,18 @@ def _job_exp(job: Any) -> Optional[str]:
 
 
 def _belongs(ns: Optional[str], exp: str) -> bool:
-    """Run namespace ``ns`` is ``exp`` itself or a run of experiment ``exp``."""
-    return ns is not None and (ns == exp or ns.startswith(exp + "/"))
+    """Run namespace ``ns`` is ``exp`` itself or a run of experiment ``exp`` (exactly that
+    experiment: the runs of an experiment named ``exp/x`` by an earlier version are not ``exp``'s)."""
+    from common import keys
+
+    return ns is not None and (ns == exp or keys.split_namespace(ns)[0] == exp)
+
+
+def _key_namespace(key: bytes) -> str:
+    """The namespace of an rqrl key, ``rqrl:{ns}:...`` -> ``ns``."""
+    from common import keys
+
+    return key.decode()[len(keys.PREFIX) + 1:].partition(":")[0]
 
 
 def find_jobs(conn: Any, exp: str, warnings: Optional[list[str]] = None) -> list[JobInfo]:
@@ -143,8 +153,11 @@ def plan(conn: Any, exp: str) -> Plan:
     from common import keys
 
     p = Plan(exp)
-    names = sorted(set(conn.scan_iter(match=keys.all_keys_pattern(exp), count=1000))  # validates the name
-                   | set(conn.scan_iter(match=keys.runs_keys_pattern(exp), count=1000)))
+    names = set(conn.scan_iter(match=keys.all_keys_pattern(exp), count=1000))  # validates the name
+    if "/" not in exp:  # an experiment: its runs' keys too (the pattern's * also matches deeper names)
+        names |= {k for k in conn.scan_iter(match=keys.runs_keys_pattern(exp), count=1000)
+                  if _belongs(_key_namespace(k), exp)}
+    names = sorted(names)
     if names:
         pipe = conn.pipeline(transaction=False)
         for k in names:

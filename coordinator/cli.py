@@ -7,9 +7,10 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
-from common import spaces
+from common import keys, spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
@@ -22,11 +23,42 @@ def _load(path: str, overrides: list[str], seed: int | None):
     return apply_overrides(cfg, extra) if extra else cfg
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from coordinator.launcher import Launcher
+def _check_redis(url: str | None, cfg, allow_eviction: bool, collectors: int) -> None:
+    """An existing Redis (``--redis-url``) answers at once and suits a run (noeviction, or
+    ``--allow-eviction``), checked before anything is launched or created (one try, at most 2 s).
 
+    Raises:
+        RedisUnavailable, RedisNotSuitable: naming the redacted URL.
+    """
+    if url is None:
+        return  # a private redis-server: started, and checked, by the launcher
+    from common.connection import connect_checked
+    from common.redis_memory import check_memory_settings
+
+    conn = connect_checked(url, socket_timeout=5, patient=False)
+    try:
+        check_memory_settings(conn, cfg, allow_eviction, collectors)  # raises; the launcher prints warnings
+    finally:
+        conn.close()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """``rqrl train``. Everything checkable from the config, the env's spaces and the URL is checked
+    before any process, folder, ``latest`` link or Redis key is made (a refusal takes ~1-2 s).
+    The run's clock starts here, at the launch."""
+    started_at = time.time()
     cfg = _load(args.config, args.overrides, args.seed)
-    run_dir = None
+    if args.collectors < 1:
+        raise ConfigError("--collectors must be >= 1")
+    if args.name is not None:
+        try:
+            keys.namespace(cfg.exp_name, args.name)
+        except ValueError as e:
+            raise ConfigError(f"--name: {e}") from None
+        if (Path(cfg.exp_name) / args.name).exists():
+            raise ConfigError(f"--name: run folder {Path(cfg.exp_name) / args.name} exists already: choose another "
+                              "--name, or continue that run with --resume")
+    run_dir, resume = None, None
     if args.resume:
         if args.name:
             raise ConfigError("--resume continues a run under its own name: give --resume or --name, not both")
@@ -40,7 +72,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                               "start a new run instead")
         if not point.is_file():
             raise ConfigError(f"--resume: {point} does not exist: the run saved no learner checkpoint to resume from")
-        seed = int(json.loads(point.read_text())["seed"])
+        resume = json.loads(point.read_text())
+        seed = int(resume["seed"])
         if args.seed is not None and args.seed != seed:
             raise ConfigError(f"--resume: the run was started with seed {seed}, not --seed {args.seed}")
         args.seed = seed
@@ -56,11 +89,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise ConfigError("config key 'policy.cuda' is True but this machine has no CUDA device; "
                               "set policy.cuda=False, or 'auto' to use CUDA where it exists")
+    _check_redis(args.redis_url, cfg, args.allow_eviction, args.collectors)
+    if args.dry_run:
+        what = f"resume run {run_dir}" if run_dir is not None else f"start a run in ./{cfg.exp_name}/"
+        print(f"dry run: config, env spaces{' and Redis' if args.redis_url else ''} checked; would {what} with "
+              f"{args.collectors} collector workers (nothing launched, nothing created)")
+        return 0
     coord_args = [f"--set={o}" for o in args.overrides]
     if args.seed is not None:
         coord_args += ["--seed", str(args.seed)]
-    if args.collectors < 1:
-        raise ConfigError("--collectors must be >= 1")
     if args.allow_eviction:
         coord_args.append("--allow-eviction")
     if run_dir is not None:
@@ -72,23 +109,34 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--name: {e}") from None
     print(f"run {cfg.exp_name}/{run_dir.name}{' (resumed)' if args.resume else ''}: files in "
           f"{Path(cfg.exp_name) / run_dir.name}/", file=sys.stderr)
-    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name).run()
+    from coordinator.launcher import Launcher
+
+    return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name,
+                    started_at=started_at, resume=resume).run()
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from coordinator.sweep import Sweep, parse_seeds
+
+    started_at = time.time()
 
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     cfg = _load(args.config, args.overrides, seeds[0])
-    spaces.check_model(cfg, spaces.probe(cfg))
     collectors = args.collectors if args.collectors is not None else 2 * len(seeds)
     if collectors < 1 or args.eval_episodes < 0:
         raise ConfigError("--collectors must be >= 1 and --eval-episodes >= 0")
+    spaces.check_model(cfg, spaces.probe(cfg))
+    _check_redis(args.redis_url, cfg, args.allow_eviction, collectors)
+    if args.dry_run:
+        print(f"dry run: config, env spaces{' and Redis' if args.redis_url else ''} checked; would run seeds {seeds} "
+              f"with {collectors} collector tasks in ./{cfg.exp_name}/ (nothing launched, nothing created)")
+        return 0
     coord_args = [f"--set={o}" for o in args.overrides] + (["--allow-eviction"] if args.allow_eviction else [])
-    sweep = Sweep(cfg, args.config, args.redis_url, collectors, coord_args, seeds, args.eval_episodes)
+    sweep = Sweep(cfg, args.config, args.redis_url, collectors, coord_args, seeds, args.eval_episodes,
+                  started_at=started_at)
     code = sweep.run()
     if code > 128:  # interrupted: no table of half-finished runs
         return code
@@ -170,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set policy.learn.batch_size=128")
+    t.add_argument("--dry-run", action="store_true",
+                   help="check the config, the env's spaces and --redis-url as a launch would, then exit "
+                        "(0: it would start) without starting or creating anything")
     t.set_defaults(func=cmd_train)
 
     w = sub.add_parser("sweep", help="the seeds of one config as concurrent runs on one Redis and worker fleet; "
@@ -186,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run even if Redis's maxmemory-policy can evict keys (rqrl requires noeviction)")
     w.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key in every run, e.g. --set env.stop_value=150")
+    w.add_argument("--dry-run", action="store_true",
+                   help="check the config, the env's spaces and --redis-url, then exit without starting anything")
     w.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("status", help="queues, workers, tasks, throughput and last eval, read from Redis")

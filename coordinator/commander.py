@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 from easydict import EasyDict
 
-from common import keys
+from common import events, keys
 from common.policy import algorithm_of
 from common.seeding import task_seed
 from common.registry import COMMANDER_REGISTRY
@@ -268,6 +268,11 @@ class SoloCommander(BaseCommander):
     def finish_collector_task(self, task_id: str, finished_task: dict) -> bool:
         """Release the task's space, log its info; for an eval task, judge convergence.
 
+        A task that finished no episode (``real_episode_count`` 0) has no per-episode figures
+        (``reward_mean``, ``reward_std``, ``avg_step_per_episode``, ``avg_time_per_episode``:
+        :data:`common.events.EPISODE_FIELDS`): they are absent from its info and from
+        TensorBoard, never recorded as 0.
+
         Returns:
             True when an eval's ``reward_mean >= env.stop_value``: the run is over.
         """
@@ -275,15 +280,13 @@ class SoloCommander(BaseCommander):
         is_eval = bool(finished_task["eval_flag"])
         kind = "evaluator" if is_eval else "collector"
         train_iter = int(finished_task["policy_version"])  # the version the task acted with
+        figures = {name: events.episode_figure(finished_task, name) for name in events.EPISODE_FIELDS}
+        figures["avg_time_per_step"] = events.figure(finished_task, "avg_time_per_step")
         info = {
             "train_iter": train_iter,
-            "episode_count": finished_task["real_episode_count"],
+            "episode_count": int(finished_task.get("real_episode_count") or 0),
             "step_count": finished_task["step_count"],
-            "avg_step_per_episode": finished_task["avg_step_per_episode"],
-            "avg_time_per_step": finished_task["avg_time_per_step"],
-            "avg_time_per_episode": finished_task["avg_time_per_episode"],
-            "reward_mean": finished_task["reward_mean"],
-            "reward_std": finished_task["reward_std"],
+            **{k: v for k, v in figures.items() if v is not None},
         }
         if not is_eval:
             self._total_collector_env_step += int(finished_task["step_count"])
@@ -307,20 +310,29 @@ class SoloCommander(BaseCommander):
     def _judge_eval(self, task_id: str, finished_task: dict, train_iter: int) -> bool:
         """Record an eval; True when the run converged: an eval reached stop_value and, when
         ``confirm_eval_episodes`` > 0, a second eval of the same weights on that many fresh
-        episodes did so by ``confirm_margin_se`` standard errors."""
-        reward = float(finished_task["reward_mean"])
-        record = dict(finished_task, envstep=self.total_envstep, time=self._clock(), train_iter=train_iter, task_id=task_id)
+        episodes did so by ``confirm_margin_se`` standard errors.
+
+        An eval that finished no episode is recorded without a reward: it is never the best,
+        never passes, and as a confirmation it fails (training goes on)."""
+        reward = events.episode_figure(finished_task, "reward_mean")
+        record = {k: v for k, v in finished_task.items() if k not in events.EPISODE_FIELDS}
+        if reward is not None:
+            record.update(reward_mean=reward, reward_std=events.episode_figure(finished_task, "reward_std") or 0.0)
+        record.update(envstep=self.total_envstep, time=self._clock(), train_iter=train_iter, task_id=task_id)
         self._evaluator_info.append(record)
-        if not self._best or reward > self._best["reward_mean"]:
+        if reward is not None and (not self._best or reward > self._best["reward_mean"]):
             self._best = {"task_id": task_id, "reward_mean": reward, "policy_version": train_iter,
                           "envstep": finished_task.get("policy_envstep", self.total_envstep)}
         stop_value = self._cfg.env.stop_value
-        passed = stop_value is not None and reward >= stop_value
+        passed = stop_value is not None and reward is not None and reward >= stop_value
         confirming = self._confirm is not None and self._confirm.get("dispatched") == task_id
         if confirming:
             self._confirm = None
+            if reward is None:
+                self._log("confirmation eval of policy version %d finished no episode; training goes on", train_iter)
+                return False
             n = max(1, int(finished_task.get("real_episode_count") or 1))
-            bound = reward - float(self._commander_cfg.confirm_margin_se) * float(finished_task.get("reward_std") or 0.0) / math.sqrt(n)
+            bound = reward - float(self._commander_cfg.confirm_margin_se) * float(record["reward_std"]) / math.sqrt(n)
             passed = stop_value is not None and bound >= stop_value
             if not passed:
                 self._log("confirmation eval of policy version %d: reward_mean %.2f (%.2f after the margin) < "
@@ -498,11 +510,13 @@ class SoloCommander(BaseCommander):
             "collector_tasks_running": self._collector_task_space.in_use,
             "learner_tasks_running": self._learner_task_space.in_use,
             "collector_task_space": self._collector_task_space.max_val,
-            "last_eval_reward_mean": last.get("reward_mean", ""),
-            "last_eval_train_iter": last.get("train_iter", ""),
-            "last_eval_envstep": last.get("envstep", ""),
+            # None (JSON null, "" in the Redis hash) before the first eval; the reward also when
+            # the last eval finished no episode.
+            "last_eval_reward_mean": last.get("reward_mean"),
+            "last_eval_train_iter": last.get("train_iter"),
+            "last_eval_envstep": last.get("envstep"),
             # Env steps the learner had consumed when it made the evaluated policy version.
-            "last_eval_policy_envstep": last.get("policy_envstep", ""),
+            "last_eval_policy_envstep": last.get("policy_envstep"),
             "stop_value": self._cfg.env.stop_value,
             "converged": self._end_flag,
             "policy_id": self._current_policy_id or "",

@@ -2,16 +2,20 @@
 
 * :func:`plot_curve` draws a list of eval points (what the coordinator keeps, or what
   :func:`evals_from_events` rebuilds from Redis) with :func:`build_figure` and saves it;
-* ``rqrl curve --exp EXP[/RUN]`` draws the curve of a run (an experiment's newest one) from
-  ``rqrl:{exp}:evals`` (``{exp}`` = the run's namespace ``EXP/RUN``; every eval result, never
-  capped; the coordinator also writes them to the run folder's ``evals.jsonl``, which
-  ``--run-dir`` reads), or for a run without that list from its ``rqrl:{exp}:events`` stream,
+* ``rqrl curve --exp EXP[/RUN]`` draws the curve of a run (an experiment's latest one) from its
+  own record: the run folder's ``evals.jsonl`` (written by the coordinator as evals finish;
+  ``--run-dir`` names the folder), or, only when ``--redis-url`` / ``$RQRL_REDIS_URL`` names the
+  run's Redis, ``rqrl:{exp}:evals`` there (``{exp}`` = the run's namespace ``EXP/RUN``; every
+  eval result, never capped) or, for a run without that list, its ``rqrl:{exp}:events`` stream,
   saying so when that stream was trimmed.
 
-An eval point is a dict::
+An eval point is a dict (a record of ``evals.jsonl`` / ``rqrl:{exp}:evals`` is one)::
 
     {"envstep": int, "reward_mean": float, "reward_std": float, "time": float (unix seconds),
-     "train_iter": int (optional)}
+     "train_iter": int (optional), "wall_seconds": float (optional: the run's clock, pauses
+     before a resume not counted; drawn on the wall-time axis when every point has it)}
+
+An eval that finished no episode has no ``reward_mean``: it is not drawn (the title counts it).
 
 matplotlib runs on its Agg canvas (no display, no pyplot global state), imported lazily.
 """
@@ -24,22 +28,38 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-REQUIRED = ("envstep", "reward_mean", "reward_std", "time")
+REQUIRED = ("envstep", "time")
 
 
 def _clean(evals: Iterable[dict[str, Any]]) -> list[dict[str, float]]:
+    """The points to draw, oldest first: an eval that finished no episode (no ``reward_mean``, or
+    one that is not a finite number) has nothing to draw and is left out."""
+    from common.events import episode_figure, figure
+
     out = []
     for i, ev in enumerate(evals):
-        point = {}
+        reward = episode_figure(ev, "reward_mean")
+        if reward is None:
+            continue
+        point = {"reward_mean": reward, "reward_std": episode_figure(ev, "reward_std") or 0.0}
         for k in REQUIRED:
             if k not in ev:
-                raise ValueError(f"eval point {i} has no {k!r} (needs {', '.join(REQUIRED)})")
+                raise ValueError(f"eval point {i} has no {k!r} (needs {', '.join(REQUIRED)} and reward_mean)")
             try:
                 point[k] = float(ev[k])
             except (TypeError, ValueError):
                 raise ValueError(f"eval point {i}: {k!r} = {ev[k]!r} is not a number") from None
+        if figure(ev, "wall_seconds") is not None:
+            point["wall_seconds"] = float(ev["wall_seconds"])
         out.append(point)
     return sorted(out, key=lambda p: p["time"])
+
+
+def without_reward(evals: Iterable[dict[str, Any]]) -> int:
+    """How many of ``evals`` finished no episode (no reward to draw)."""
+    from common.events import episode_figure
+
+    return sum(episode_figure(ev, "reward_mean") is None for ev in evals)
 
 
 def _time_axis(seconds: list[float]) -> tuple[list[float], str]:
@@ -89,16 +109,23 @@ def build_figure(evals: list[dict[str, Any]], stop_value: Optional[float], t0: O
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    evals = list(evals)
     points = _clean(evals)
+    empty = without_reward(evals)
     fig = Figure(figsize=(12, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax_step, ax_time = fig.subplots(1, 2)
     mean = [p["reward_mean"] for p in points]
     lo = [p["reward_mean"] - p["reward_std"] for p in points]
     hi = [p["reward_mean"] + p["reward_std"] for p in points]
-    base = t0 if t0 is not None else (points[0]["time"] if points else 0.0)
-    secs, unit = _time_axis([p["time"] - base for p in points])
-    since = "since the first eval" if t0 is None else "since start"
+    if points and all("wall_seconds" in p for p in points):
+        # The run's own clock (the coordinator's records): a resumed run's pause is not counted.
+        secs, unit = _time_axis([p["wall_seconds"] for p in points])
+        since = "since start"
+    else:
+        base = t0 if t0 is not None else (points[0]["time"] if points else 0.0)
+        secs, unit = _time_axis([p["time"] - base for p in points])
+        since = "since the first eval" if t0 is None else "since start"
     xs = {ax_step: ([p["envstep"] for p in points], "env steps"),
           ax_time: (secs, f"wall time {since} ({unit})")}
     for ax, (x, label) in xs.items():
@@ -120,7 +147,8 @@ def build_figure(evals: list[dict[str, Any]], stop_value: Optional[float], t0: O
     ax_step.set_title("reward vs env steps")
     ax_time.set_title("reward vs wall time")
     best = f", best {max(mean):g}" if mean else ""
-    fig.suptitle(f"{title or 'eval reward'} ({len(points)} evals{best})")
+    none = f"; {empty} more finished no episode" if empty else ""
+    fig.suptitle(f"{title or 'eval reward'} ({len(points)} evals{best}{none})")
     fig.tight_layout()
     return fig
 
@@ -129,7 +157,8 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
     """Eval points of experiment ``exp`` rebuilt from its ``rqrl:{exp}:events`` stream.
 
     Each ``finished`` event with ``eval_flag`` true is one point: ``reward_mean``,
-    ``reward_std``, ``time`` = its ``ts``, ``train_iter``; ``envstep`` is the
+    ``reward_std`` (absent when the eval finished no episode), ``time`` = its ``ts``,
+    ``train_iter``; ``envstep`` is the
     ``collector_envstep`` of the latest ``learner_info`` event before it (0 if none).
 
     Returns:
@@ -137,6 +166,7 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
         (``None`` for an empty stream).
     """
     from common import keys, streams
+    from common.events import episode_figure
 
     stream = keys.events(exp)
     points: list[dict[str, Any]] = []
@@ -159,11 +189,12 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
                 if tid in seen:  # a task's duplicate report
                     continue
                 try:
-                    point = {"envstep": envstep, "reward_mean": float(ev["reward_mean"]),
-                             "reward_std": float(ev.get("reward_std", 0.0)), "time": float(ev["ts"]),
-                             "train_iter": int(ev.get("policy_version", 0))}
+                    point = {"envstep": envstep, "time": float(ev["ts"]), "train_iter": int(ev.get("policy_version", 0))}
                 except (KeyError, TypeError, ValueError):
                     continue  # a malformed entry: the coordinator drops it too
+                reward = episode_figure(ev, "reward_mean")
+                if reward is not None:  # else the eval finished no episode: a point without a reward
+                    point.update(reward_mean=reward, reward_std=episode_figure(ev, "reward_std") or 0.0)
                 seen.add(tid)
                 points.append(point)
         if len(entries) < page:
@@ -258,29 +289,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a run, EXP/RUN, or an experiment EXP (exp_name in the config: its newest run)")
     p.add_argument("--run-dir", default=None,
                    help="a run's folder (./EXP/RUN, or ./EXP for its latest run): read its evals.jsonl, no Redis "
-                        "needed. Default when neither --redis-url nor $RQRL_REDIS_URL is given and ./EXP/latest "
-                        "(or ./EXP/RUN) holds evals.jsonl")
+                        "needed. What --exp reads when neither --redis-url nor $RQRL_REDIS_URL is given "
+                        "(./EXP/latest, or ./EXP/RUN)")
     p.add_argument("--redis-url", default=None,
-                   help="redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)")
+                   help="read the run's rqrl:EXP:evals from this Redis instead: redis://[user:pass@]host:port/db, "
+                        "rediss:// or unix:// (default: $RQRL_REDIS_URL; without either no Redis is read)")
     p.add_argument("--out", default=None, help="PNG to write (default: the run folder's curve.png)")
     p.add_argument("--stop-value", type=float, default=None,
                    help="draw this stop value (default: the one in rqrl:EXP:commander, if any)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rqrl curve``: rebuild the learning curve from Redis; returns the exit code."""
+    """``rqrl curve``: draw a run's learning curve from its own record; returns the exit code.
+
+    The record is the run folder's ``evals.jsonl`` (``--run-dir``, or ``--exp`` with no Redis
+    URL given); Redis (``rqrl:{exp}:evals``) is read only when ``--redis-url`` or
+    ``$RQRL_REDIS_URL`` says which one: a run's Redis is never guessed.
+    """
     import redis
 
     from common import keys, streams
-    from common.connection import connect, redact, resolve_url, scrub
+    from common.connection import connect, redact, scrub
 
     from coordinator.runs import newest_run, resolve_run_dir
 
+    url = args.redis_url or os.environ.get("RQRL_REDIS_URL")
+    if args.exp:
+        try:
+            keys.exp_prefix(args.exp)
+        except ValueError as e:
+            print(f"rqrl curve: error: {e}", file=sys.stderr)
+            return 1
     run_dir = resolve_run_dir(Path(args.run_dir)) if args.run_dir else None
-    if run_dir is None and args.exp and not (args.redis_url or os.environ.get("RQRL_REDIS_URL")) \
-            and (resolve_run_dir(Path(args.exp)) / "evals.jsonl").is_file():
-        # after `rqrl train`, whose private Redis is gone: the run folder has it all
+    if run_dir is None and args.exp and not url:
         run_dir = resolve_run_dir(Path(args.exp))
+        if not run_dir.is_dir():
+            print(f"rqrl curve: error: no run folder {run_dir}/ here; run this where the run was started, or give "
+                  "--run-dir DIR, or --redis-url URL of the Redis the run uses", file=sys.stderr)
+            return 1
+        if not (run_dir / "evals.jsonl").is_file():
+            print(f"rqrl curve: error: {run_dir} has no evals.jsonl yet: the run finished no eval (still starting, "
+                  "or it stopped before one); while it runs, --redis-url URL of its Redis reads the same record",
+                  file=sys.stderr)
+            return 1
     if run_dir is not None:
         try:
             points, t0, folder_stop = evals_from_folder(run_dir)
@@ -292,15 +343,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
         stop_value = args.stop_value if args.stop_value is not None else folder_stop
         return _draw(points, stop_value, Path(args.out) if args.out else run_dir / "curve.png", t0,
-                     f"{run_dir.parent.name}/{run_dir.name}")
+                     f"{run_dir.parent.name}/{run_dir.name}", str(run_dir / "evals.jsonl"))
     if not args.exp:
-        print("rqrl curve: error: give --exp EXP[/RUN] (its run folder, else Redis) or --run-dir DIR", file=sys.stderr)
-        return 1
-    url = resolve_url(args.redis_url)
-    try:
-        keys.exp_prefix(args.exp)
-    except ValueError as e:
-        print(f"rqrl curve: error: {e}", file=sys.stderr)
+        print("rqrl curve: error: give --exp EXP[/RUN] (its run folder, or with --redis-url its Redis) or --run-dir DIR",
+              file=sys.stderr)
         return 1
     ns = args.exp
     try:
@@ -318,25 +364,34 @@ def run(args: argparse.Namespace) -> int:
             sv = summary.get("stop_value")
             stop_value = float(sv) if isinstance(sv, (int, float)) and not isinstance(sv, bool) else None
     except (redis.RedisError, ValueError) as e:
-        print(f"rqrl curve: error: cannot read {keys.events(ns)} at {redact(url)}: {scrub(str(e), url)}", file=sys.stderr)
+        print(f"rqrl curve: error: cannot read {keys.evals(ns)} at {redact(url)}: {scrub(str(e), url)}", file=sys.stderr)
         return 1
     if not points:
-        print(f"rqrl curve: error: no finished eval events in {keys.events(ns)} at {redact(url)}",
+        print(f"rqrl curve: error: no finished eval in {keys.evals(ns)} or {keys.events(ns)} at {redact(url)}",
               file=sys.stderr)
         return 1
-    return _draw(points, stop_value, Path(args.out) if args.out else Path(ns) / "curve.png", t0, ns)
+    return _draw(points, stop_value, Path(args.out) if args.out else Path(ns) / "curve.png", t0, ns,
+                 f"{keys.evals(ns)} at {redact(url)}")
 
 
-def _draw(points: list[dict[str, Any]], stop_value: Optional[float], out: Path, t0: Optional[float], title: str) -> int:
+def _draw(points: list[dict[str, Any]], stop_value: Optional[float], out: Path, t0: Optional[float], title: str,
+          source: str) -> int:
+    drawn = _clean(points)
+    if not drawn:
+        print(f"rqrl curve: error: none of the {len(points)} evals in {source} finished an episode: no reward to draw",
+              file=sys.stderr)
+        return 1
     plot_curve(points, stop_value, out, t0=t0, title=title)
-    last = points[-1]
-    print(f"{out}: {len(points)} evals, last reward_mean {last['reward_mean']:g} at {last['envstep']:,} env steps"
-          + (f" (stop value {stop_value:g})" if stop_value is not None else ""), flush=True)
+    last = drawn[-1]
+    empty = without_reward(points)
+    print(f"{out}: {len(drawn)} evals, last reward_mean {last['reward_mean']:g} at {last['envstep']:,.0f} env steps"
+          + (f" (stop value {stop_value:g})" if stop_value is not None else "")
+          + (f"; {empty} more finished no episode (not drawn)" if empty else ""), flush=True)
     return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rqrl curve", description="Plot a run's learning curve from its Redis events.")
+    p = argparse.ArgumentParser(prog="rqrl curve", description="Plot a run's learning curve from its evals.jsonl or its Redis.")
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -58,7 +58,7 @@ from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
-from coordinator.runs import link_latest, new_run_name, run_unfinished
+from coordinator.runs import link_latest, link_tensorboard, new_run_name, run_unfinished
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -78,8 +78,52 @@ _SETTING_EVERY_S = 0.2
 
 
 def _fmt(value: Any) -> str:
-    """An eval figure for the closing lines: 2 decimals, or ``none``."""
-    return f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "none"
+    """An eval figure for the closing lines: 2 decimals, or ``-`` (no eval, or one that finished no episode)."""
+    return f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def eval_record(ev: dict[str, Any], run_id: str, envstep: int, wall_seconds: float) -> dict[str, Any]:
+    """The record of one finished eval task (``rqrl:{exp}:evals``, ``evals.jsonl``) from its event.
+
+    ``envstep`` (env steps collected so far) and ``wall_seconds`` (the run's wall clock: seconds
+    since it started, pauses before a ``--resume`` not counted) are the coordinator's when it
+    read the event; ``time`` is the worker's unix time. An eval that finished no episode has
+    ``episodes`` 0 and no ``reward_mean`` / ``reward_std`` (never 0.0: there is no number).
+    """
+    rec: dict[str, Any] = {
+        "task_id": ev["task_id"], "run_id": run_id, "envstep": envstep,
+        "train_iter": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
+        "episodes": int(ev.get("real_episode_count") or 0), "confirmation": ev.get("confirmation") is True,
+        "time": ev.get("ts", time.time()), "wall_seconds": round(wall_seconds, 3)}
+    reward = events.episode_figure(ev, "reward_mean")
+    if reward is not None:
+        rec.update(reward_mean=reward, reward_std=events.episode_figure(ev, "reward_std") or 0.0)
+    return rec
+
+
+def write_shipped_log(run_dir: Path, ev: dict[str, Any]) -> None:
+    """Append a task's shipped log lines (a ``log`` event, common/logs.py) to the run folder's
+    ``log/{name}/{name}.txt``, where a learner started in the run folder used to write them.
+
+    Raises:
+        ValueError: ``name`` is not one plain file name.
+    """
+    name = keys.check_path_component("log name", str(ev.get("name", "")))
+    folder = run_dir / "log" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.txt", "a") as f:
+        f.write(str(ev.get("lines", "")) + "\n")
+
+
+def write_shipped_scalars(tb: Any, ev: dict[str, Any]) -> None:
+    """Hand a task's shipped TensorBoard scalars (a ``scalars`` event: a JSON list of
+    ``[tag, value, step, walltime]``) to the run's writer, with their own wall times.
+
+    Raises:
+        ValueError: the field is not such a list.
+    """
+    for tag, value, step, walltime in json.loads(ev["scalars"]):
+        tb.add_scalar(str(tag), float(value), int(step), walltime=float(walltime))
 
 
 def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
@@ -123,12 +167,16 @@ class Coordinator:
         run_name: the run's name; None picks one (module docstring).
         resume: continue run ``run_name``: from Redis when it is unfinished there, else from its
             run folder (:meth:`_resume_from_folder`).
+        started_at: unix seconds where the run's clock starts (``rqrl train`` passes its launch,
+            so its progress line and summary.json count the same seconds); default now. A run
+            resumed from its folder counts on from its earlier wall seconds.
         done_fd: the write end of a pipe (``rqrl train``): the exit code is written there and it is
             closed once summary.json and final.pt are written, before curve.png is drawn.
     """
 
     def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False,
-                 run_name: Optional[str] = None, resume: bool = False, done_fd: Optional[int] = None) -> None:
+                 run_name: Optional[str] = None, resume: bool = False, started_at: Optional[float] = None,
+                 done_fd: Optional[int] = None) -> None:
         if resume and (fresh or not run_name):
             raise CoordinatorError("resuming needs the run's name and excludes --fresh")
         self.cfg = cfg
@@ -143,8 +191,9 @@ class Coordinator:
         self.lock = Lock(conn, keys.coordinator_alive(self.exp), timeout=_ALIVE_TTL_S, thread_local=False)
         self.run_id = uuid.uuid4().hex[:12]
         self.log = build_logger(self.out / "log" / "commander", "coordinator", console=True)
-        # Scalars are queued by the loop and written by a thread (coordinator/offload.py).
-        self.tb = DeferredScalars(build_tb_writer(self.out / "log" / "commander"))
+        # The run's one TensorBoard event file: the commander's scalars and those the tasks ship
+        # (common/logs.py), queued by the loop and written by a thread (coordinator/offload.py).
+        self.tb = DeferredScalars(build_tb_writer(self.out / "tensorboard"))
         self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id,
                                                          run_name=self.run_name)
         self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
@@ -152,7 +201,7 @@ class Coordinator:
         self._signal: Optional[int] = None
         self.learner_final: dict[str, Any] = {}  # the learner's closing figures, for summary.json
         self.learner_last = {"train_iter": 0, "envstep": 0}  # its train_iter and env steps when it finished
-        self._t0 = time.time()
+        self._t0 = time.time() if started_at is None else float(started_at)
         self._next_liveness = 0.0
         self._next_summary = 0.0
         # Failures in a row per task kind: collectors that keep finishing must not hide a learner
@@ -214,6 +263,7 @@ class Coordinator:
         run = self.conn.get(keys.run(self.exp))
         self.out.mkdir(parents=True, exist_ok=True)
         link_latest(self.out.parent, self.run_name)
+        link_tensorboard(self.out.parent, self.run_name)
         if state_raw and run and not self.conn.exists(keys.stop(self.exp)) and not self.fresh:
             self._resume(json.loads(state_raw))
             return
@@ -314,7 +364,7 @@ class Coordinator:
         path, ckpt = self._resume_files()
         point = json.loads(path.read_text())
         state, version, consumed = point["commander"], int(point["ckpt_train_iter"]), int(point["consumed_env_steps"])
-        t0 = time.time() - float(point["wall_seconds"])
+        t0 = self._t0 - float(point["wall_seconds"])  # the pause is not counted
         shift = t0 - float(point["t0"])  # eval times move with the clock, so eval_interval counts run time
         for ev in state["evaluator_info"]:
             ev["time"] = float(ev.get("time", point["t0"])) + shift
@@ -568,6 +618,10 @@ class Coordinator:
         elif etype == "learner_info":
             self.commander.update_learner_info(tid, ev)
             self._failures_in_a_row["learner"] = 0  # it trains
+        elif etype == "scalars":
+            write_shipped_scalars(self.tb, ev)
+        elif etype == "log":
+            write_shipped_log(self.out, ev)
         elif etype == "finished":
             del self.running[tid]
             self._dirty.add(tid)
@@ -576,12 +630,8 @@ class Coordinator:
             if kind == "collector":
                 converged = self.commander.finish_collector_task(tid, ev)
                 if ev.get("eval_flag") is True:
-                    self._new_evals.append({
-                        "task_id": tid, "run_id": self.run_id, "envstep": self.commander.total_envstep,
-                        "train_iter": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
-                        "reward_mean": ev["reward_mean"], "reward_std": ev.get("reward_std", 0.0),
-                        "episodes": ev.get("real_episode_count", 0), "confirmation": ev.get("confirmation") is True,
-                        "time": ev.get("ts", time.time())})
+                    self._new_evals.append(eval_record(ev, self.run_id, self.commander.total_envstep,
+                                                       time.time() - self._t0))
                     self._note_eval_phase(ev)
                 return converged
             if int(entry["task"].get("rank", 0)) != 0:
@@ -602,11 +652,12 @@ class Coordinator:
         """Phases ``first_eval``, ``passing_eval`` (an eval reaching stop_value: the last one before
         the run converges is the one confirmed) and ``confirmation``, at this eval's receipt."""
         now, stop_value = time.time(), self.cfg.env.stop_value
+        reward = events.episode_figure(ev, "reward_mean")  # None: the eval finished no episode
         pipe = self.conn.pipeline(transaction=False)
         phases.record(pipe, self.exp, "first_eval", now)
         if ev.get("confirmation") is True:
             phases.record(pipe, self.exp, "confirmation", now, first_only=False)
-        elif stop_value is not None and float(ev["reward_mean"]) >= float(stop_value):
+        elif stop_value is not None and reward is not None and reward >= float(stop_value):
             phases.record(pipe, self.exp, "passing_eval", now, first_only=False)
         pipe.execute()
 
@@ -787,16 +838,16 @@ class Coordinator:
         cm = self.commander
         resume_state = cm.state_dict()  # what --resume continues from (with the learner's last checkpoint)
         last = cm.last_eval or {}
-        self._evals_at_stop = [dict(e) for e in getattr(cm, "evaluations", [])]
         final_task = getattr(cm, "final_eval_task", None)
         best = dict(getattr(cm, "best_eval", {}))
+        # No eval yet, or none with a finished episode: None (null in summary.json), never 0.
         self._at_stop = {"envstep": cm.total_envstep, "train_iter": cm.train_iter,
-                         "final_eval_task": final_task or "", "best_eval_reward_mean": best.get("reward_mean", ""),
-                         "best_policy_version": best.get("policy_version", ""),
-                         "last_eval_reward_mean": last.get("reward_mean", ""),
-                         "last_eval_train_iter": last.get("train_iter", ""),
-                         "last_eval_envstep": last.get("envstep", ""),
-                         "last_eval_policy_envstep": last.get("policy_envstep", ""),
+                         "final_eval_task": final_task or "", "best_eval_reward_mean": best.get("reward_mean"),
+                         "best_policy_version": best.get("policy_version"),
+                         "last_eval_reward_mean": last.get("reward_mean"),
+                         "last_eval_train_iter": last.get("train_iter"),
+                         "last_eval_envstep": last.get("envstep"),
+                         "last_eval_policy_envstep": last.get("policy_envstep"),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
         if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and self.running:
             # DEL needs no memory: without their leases the tasks stop at their next write.
@@ -827,7 +878,7 @@ class Coordinator:
         summary["phases"] = self._phases_at_end()
         self.out.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
-        curve = self.out / "curve.png" if self._evals_at_stop else None
+        curve = self._curve_to_draw()
         lines = [
             f"rqrl {self.exp}: {reason}",
             f"  wall time      {summary['wall_seconds']:.1f} s",
@@ -868,14 +919,31 @@ class Coordinator:
             os.close(self._done_fd)
             self._done_fd = None
 
-    def _plot_curve(self) -> Optional[Path]:
-        """The run folder's ``curve.png``: eval reward against env steps and wall time, with the stop_value line."""
-        if not self._evals_at_stop:
-            return None
-        from coordinator.curve import plot_curve
+    def _curve_to_draw(self) -> Optional[Path]:
+        """Where :meth:`_plot_curve` will draw curve.png after the summary, or None when it has
+        nothing to draw (no eval in ``evals.jsonl``, or none that finished an episode)."""
+        from coordinator.curve import evals_from_folder, without_reward
 
+        if not (self.out / "evals.jsonl").is_file():
+            return None
         try:
-            return plot_curve(self._evals_at_stop, float(self.cfg.env.stop_value), self.out / "curve.png", t0=self._t0,
+            points, _, _ = evals_from_folder(self.out)
+        except Exception:  # noqa: BLE001 - _plot_curve meets the same problem and logs it
+            return None
+        return self.out / "curve.png" if len(points) > without_reward(points) else None
+
+    def _plot_curve(self) -> Optional[Path]:
+        """The run folder's ``curve.png``: eval reward against env steps and the run's wall clock,
+        with the stop_value line, drawn from the run's ``evals.jsonl`` as ``rqrl curve`` draws it."""
+        from coordinator.curve import evals_from_folder, plot_curve, without_reward
+
+        if not (self.out / "evals.jsonl").is_file():
+            return None
+        try:
+            points, t0, _ = evals_from_folder(self.out)
+            if len(points) == without_reward(points):
+                return None  # no eval, or none that finished an episode: nothing to draw
+            return plot_curve(points, float(self.cfg.env.stop_value), self.out / "curve.png", t0=t0,
                               title=f"{self.exp} ({self.cfg.env.env_id})")
         except Exception as e:  # a plotting problem must not turn a converged run into a failure
             self.log.warning("could not draw curve.png: %s", e)
@@ -900,6 +968,8 @@ class Coordinator:
         A converged run exports exactly the weights its passing (and confirming) eval played.
         Otherwise the learner's ``final_model`` checkpoint is copied byte for byte (no torch
         import here), or, if the learner never finished, the last published policy version.
+        Weights of policy version 0 (the learner never trained: a run that failed at its start)
+        are untrained and never exported.
         """
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "final.pt"
@@ -910,14 +980,16 @@ class Coordinator:
             self._at_stop["final_policy_version"] = int(got[0]["version"])
             return path
         got = blobstore.get_versioned(self.conn, keys.ckpt(self.exp, "final_model"))
-        if got is not None:
+        if got is not None and int(got[0]["version"]) > 0:
             path.write_bytes(got[1])
             self._at_stop["final_policy_version"] = int(got[0]["version"])
             return path
         policy_id = self._at_stop.get("policy_id", "")
         got = blobstore.get_versioned(self.conn, keys.policy(self.exp, policy_id)) if policy_id else None
-        if got is None:
-            self.log.warning("no evaluated policy, final checkpoint or published policy to export")
+        if got is None or int(got[0]["version"]) == 0:
+            self.log.warning("no final.pt: %s", "the learner never trained (policy version 0): its weights are "
+                             "untrained" if got is not None else "no evaluated policy, final checkpoint or published "
+                             "policy to export")
             return None
         from common import spaces
         from common.policy import export

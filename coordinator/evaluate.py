@@ -85,6 +85,16 @@ class Saved:
     train_iter: Optional[int] = None
 
 
+def _check_file(path: str | Path) -> Path:
+    """``path`` as a Path when it is a file, else EvalError naming it."""
+    p = Path(path)
+    if not p.exists():
+        raise EvalError(f"policy file {str(p)!r} does not exist")
+    if not p.is_file():
+        raise EvalError(f"policy file {str(p)!r} is not a file")
+    return p
+
+
 def load_saved(path: str | Path) -> Saved:
     """Read ``final.pt`` (common/policy/export.py) or a bare ``state_dict`` of tensors.
 
@@ -97,11 +107,7 @@ def load_saved(path: str | Path) -> Saved:
     from common.finite import NonFiniteError, check_arrays
     from common.policy import export
 
-    p = Path(path)
-    if not p.exists():
-        raise EvalError(f"policy file {str(p)!r} does not exist")
-    if not p.is_file():
-        raise EvalError(f"policy file {str(p)!r} is not a file")
+    p = _check_file(path)
     try:
         obj = export.load(p)
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, KeyError, ... for bad files
@@ -345,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
     from common.config import ConfigError, load_config
 
     try:
+        _check_file(args.checkpoint)  # before torch (seconds to import): a wrong path answers at once
         cfg = load_config(args.config) if args.config else None
         if args.video:
             # Classic-control envs render through pygame/SDL: no window, no audio device needed.

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import redis
 
-from common import keys, phases, streams
+from common import events, keys, phases, streams
 from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
@@ -152,14 +152,29 @@ def _raise_interrupt(signum: int, _frame: Any) -> None:
 
 
 class Progress:
-    """One progress line: env steps, train iterations, last eval reward vs stop_value, elapsed."""
+    """One progress line: env steps, train iterations, last eval reward vs stop_value, and the
+    run's wall seconds.
 
-    def __init__(self, stop_value: float) -> None:
+    Args:
+        stop_value: the config's ``env.stop_value``.
+        t0: unix seconds where the run's clock starts (the launch, less a resumed run's earlier
+            wall seconds: the coordinator's clock, so the line and summary.json agree); default now.
+        resume: a resumed run's ``resume.json`` (coordinator/daemon.py): the line starts at its
+            env steps, train iteration and last eval instead of 0.
+    """
+
+    def __init__(self, stop_value: float, t0: Optional[float] = None, resume: Optional[dict[str, Any]] = None) -> None:
         self.stop_value = stop_value
         self.envstep = 0
         self.train_iter = 0
         self.eval: Optional[float] = None
-        self.t0 = time.time()
+        self.t0 = time.time() if t0 is None else t0
+        if resume:
+            state = resume.get("commander") or {}
+            self.envstep = max(int(state.get("total_collector_env_step") or 0), int(resume.get("consumed_env_steps") or 0))
+            self.train_iter = int(resume.get("ckpt_train_iter") or 0)
+            evals = state.get("evaluator_info") or []
+            self.eval = events.episode_figure(evals[-1], "reward_mean") if evals else None
         self.tty = sys.stderr.isatty()
         self._last_print = 0.0
 
@@ -168,15 +183,14 @@ class Progress:
             self.envstep = max(self.envstep, int(ev.get("collector_envstep", 0)))
             self.train_iter = max(self.train_iter, int(ev.get("train_iter", 0)))
         elif ev.get("type") == "finished" and ev.get("eval_flag") is True:
-            self.eval = float(ev.get("reward_mean", 0.0))
+            self.eval = events.episode_figure(ev, "reward_mean")  # None ("-"): the eval finished no episode
 
     def from_summary(self, summary: dict[str, Any]) -> None:
         """Take the run's final figures (summary.json) for the closing line."""
         self.envstep = int(summary.get("envstep") or self.envstep)
         self.train_iter = int(summary.get("train_iter") or self.train_iter)
-        last = summary.get("last_eval_reward_mean")
-        if isinstance(last, (int, float)) and not isinstance(last, bool):
-            self.eval = float(last)
+        if "last_eval_reward_mean" in summary:
+            self.eval = events.figure(summary, "last_eval_reward_mean")
 
     def line(self) -> str:
         ev = "-" if self.eval is None else f"{self.eval:.1f}"
@@ -207,10 +221,13 @@ class Launcher:
         coordinator_args: extra arguments for ``python -m coordinator`` (``--seed``, ``--set``).
         out_dir: where the run folder ``{exp_name}/{run_name}/`` is.
         run_name: the run's name (its folder exists: coordinator/runs.py reserves it).
+        started_at: unix seconds of the launch, where the run's clock starts (default now).
+        resume: the run's ``resume.json`` when it is resumed from its folder (``--resume``).
     """
 
     def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
-                 coordinator_args: list[str], run_name: str, out_dir: str = ".") -> None:
+                 coordinator_args: list[str], run_name: str, out_dir: str = ".", started_at: Optional[float] = None,
+                 resume: Optional[dict[str, Any]] = None) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.redis_url = redis_url
@@ -225,6 +242,8 @@ class Launcher:
         self._spawn: dict[str, tuple[Any, ...]] = {}  # name -> what _fork was given, to start it again
         self.restarts: dict[str, int] = {}
         self.embedded: Optional[EmbeddedRedis] = None
+        self.started_at = time.time() if started_at is None else started_at
+        self.resume = resume
         # The phases this process passes (common/phases.py), written to the run's hash once the
         # coordinator has claimed the run (its claim clears what an earlier run of the name left).
         self.phases: dict[str, float] = {"launch": phases.process_start_time()}
@@ -357,7 +376,8 @@ class Launcher:
         self._done_r, done_w = os.pipe()
         try:
             self._fork("coordinator", _coordinator_main, [config_path, "--out-dir", ".", "--run-name", self.run_name,
-                                                          "--done-fd", str(done_w), *self.coordinator_args], env, extra)
+                                                          "--started-at", repr(self.started_at), "--done-fd", str(done_w),
+                                                          *self.coordinator_args], env, extra)
         finally:
             os.close(done_w)
         # One learner worker per rank of the learner group (policy.learn.learner_num).
@@ -366,7 +386,8 @@ class Launcher:
         return self._follow(conn)
 
     def _follow(self, conn: redis.Redis) -> int:
-        progress = Progress(float(self.cfg.env.stop_value))
+        prior = float(self.resume.get("wall_seconds") or 0.0) if self.resume else 0.0
+        progress = Progress(float(self.cfg.env.stop_value), t0=self.started_at - prior, resume=self.resume)
         stream = keys.events(self.ns)
         last_id = b"0"
         t0 = time.time()
@@ -553,9 +574,10 @@ class Launcher:
                 coord.wait(timeout=coordinator_grace_s)
             except subprocess.TimeoutExpired:
                 print(f"the coordinator did not exit within {coordinator_grace_s:g} s of its summary", flush=True)
-        # Workers end their tasks at the stop flag; set it in case the coordinator could not.
+        # Workers end their tasks at the stop flag; set it in case the coordinator could not (only
+        # when a process was started: a launch refused before that leaves no key behind).
         url = getattr(self, "url", None)
-        if url is not None:
+        if url is not None and self.children:
             try:
                 c = connect(url, socket_timeout=2)
                 for ns in self._namespaces():

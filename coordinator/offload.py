@@ -70,9 +70,10 @@ class DeferredScalars:
         self._thread = threading.Thread(target=self._run, name="tensorboard-scalars", daemon=True)
         self._thread.start()
 
-    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
-        """Queue ``value`` under ``tag`` at ``global_step`` (see ScalarWriter.add_scalar)."""
-        self._pending.append((tag, value, global_step, time.time()))
+    def add_scalar(self, tag: str, value: float, global_step: int, walltime: float | None = None) -> None:
+        """Queue ``value`` under ``tag`` at ``global_step``, stamped ``walltime`` (default now; see
+        ScalarWriter.add_scalar)."""
+        self._pending.append((tag, value, global_step, time.time() if walltime is None else walltime))
 
     def _drain(self) -> None:
         while self._pending:

@@ -3,7 +3,9 @@
 A run of experiment ``exp_name`` is called ``run_name`` (``{UTC time}-s{seed}`` by default, or
 given); its files go to ``./{exp_name}/{run_name}/`` and its Redis keys under
 ``rqrl:{exp_name}/{run_name}:`` — both from :func:`common.keys.namespace`.
-``./{exp_name}/latest`` is a symlink to the newest run's folder.
+``./{exp_name}/latest`` is a symlink to the newest run's folder, and
+``./{exp_name}/tensorboard/{run_name}`` one to each run's TensorBoard events (one TensorBoard
+run per run: ``tensorboard --logdir ./{exp_name}/tensorboard``).
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ def reserve_run_dir(out_dir: Path, exp_name: str, seed: int, name: Optional[str]
     Raises:
         ValueError: ``name`` is not a valid run name, or its folder exists already.
     """
+    keys.namespace(exp_name, name or "")  # refuse a bad name before any folder is made
     exp_dir = out_dir / exp_name
     exp_dir.mkdir(parents=True, exist_ok=True)
     if name is not None:
-        keys.namespace(exp_name, name)
         try:
             (exp_dir / name).mkdir()
         except FileExistsError:
@@ -86,6 +88,19 @@ def link_latest(exp_dir: Path, run_name: str) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(run_name, target_is_directory=True)
     os.replace(tmp, exp_dir / "latest")
+
+
+def link_tensorboard(exp_dir: Path, run_name: str) -> None:
+    """Make ``exp_dir/tensorboard/run_name`` a relative symlink to the run's ``tensorboard/`` folder.
+
+    ``tensorboard --logdir ./EXP/tensorboard`` then shows each run once: TensorBoard follows
+    symlinks, so pointed at ``./EXP`` it would also find every run again through ``latest``.
+    """
+    board = exp_dir / "tensorboard"
+    board.mkdir(parents=True, exist_ok=True)
+    link = board / run_name
+    if not link.is_symlink():
+        link.symlink_to(Path("..") / run_name / "tensorboard", target_is_directory=True)
 
 
 def run_unfinished(conn: Any, ns: str) -> bool:

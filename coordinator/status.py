@@ -11,7 +11,7 @@ import redis
 from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from common import keys, phases, streams
+from common import events, keys, phases, streams
 from common.connection import RedisUnavailable, connect_checked
 from common.redis_memory import memory_info
 from coordinator.runs import list_runs
@@ -69,12 +69,19 @@ def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, An
     for e in list_runs(conn, exp):
         summary = streams.decode_fields(conn.hgetall(keys.commander(e)))
         summary.pop("state", None)  # the coordinator's persisted state (a JSON string), not a figure
+        # An empty field is a figure the run does not have (no eval yet, or an eval that finished
+        # no episode): null in JSON, "-" on screen, never 0.
+        summary = {k: (None if v == "" else v) for k, v in summary.items()}
         stop = conn.get(keys.stop(e))
+        coordinator = (conn.get(keys.coordinator_alive(e)) or b"").decode()
         tasks = []
         # Executing = started and still in the coordinator's running tasks; a finished task's
-        # heartbeat key lingers until its TTL runs out, so the key alone is not enough.
+        # heartbeat key lingers until its TTL runs out, so the key alone is not enough. A run
+        # that stopped and whose coordinator is gone executes nothing: the records it left are
+        # of tasks that ended with it.
         running = {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.tasks(e)).items()}
-        executing = sorted(t for t, rec in running.items() if rec.get("started"))
+        finished = bool(stop) and not coordinator
+        executing = [] if finished else sorted(t for t, rec in running.items() if rec.get("started"))
         pipe = conn.pipeline(transaction=False)
         for tid in executing:
             pipe.pttl(keys.heartbeat(e, tid))
@@ -84,7 +91,7 @@ def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, An
         out["runs"][e] = {
             "summary": summary,
             "stopped": stop.decode() if stop else "",
-            "coordinator": (conn.get(keys.coordinator_alive(e)) or b"").decode(),
+            "coordinator": coordinator,
             "tasks_alive": sorted(tasks, key=lambda t: t["task_id"]),
             "throughput_1min": _throughput(conn, e),
             "learner": _learner_figures(conn, e),
@@ -113,10 +120,10 @@ def render(status: dict[str, Any]) -> str:
             state = state[: room - 3] + "..."
         lines += ["", f"RUN {e}  [{state}]"]
         if s:
-            ev = s.get("last_eval_reward_mean", "")
-            lines.append(f"  env steps {s.get('envstep', 0):,}  train iter {s.get('train_iter', 0):,}  "
-                         f"wall {s.get('wall_seconds', 0)} s")
-            lines.append(f"  last eval {ev if ev != '' else '-'} / stop_value {s.get('stop_value', '?')}"
+            ev = events.figure(s, "last_eval_reward_mean")
+            lines.append(f"  env steps {s.get('envstep') or 0:,}  train iter {s.get('train_iter') or 0:,}  "
+                         f"wall {s.get('wall_seconds') or 0} s")
+            lines.append(f"  last eval {'-' if ev is None else f'{ev:g}'} / stop_value {s.get('stop_value', '?')}"
                          f"  converged {s.get('converged', False)}")
         t = info["throughput_1min"]
         lines.append(f"  last minute: {t['env_steps_per_s']} env steps/s, {t['train_iter_per_s']} train iter/s")

@@ -26,7 +26,7 @@ from typing import Any, Optional
 import redis
 from easydict import EasyDict
 
-from common import keys, streams
+from common import events, keys, streams
 from coordinator import runs
 from coordinator.launcher import Launcher, Progress, _coordinator_main
 
@@ -170,6 +170,26 @@ def plot_sweep(curves: dict[int, list[tuple[float, float]]], stop_value: Optiona
     return path
 
 
+def run_curve(run_dir: Path) -> list[tuple[float, float]]:
+    """``(env steps, eval reward_mean)`` of each eval in a run folder's ``evals.jsonl`` that
+    finished an episode (the others have no reward and no point), in file order."""
+    path = run_dir / "evals.jsonl"
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+    return [(float(r["envstep"]), reward) for r in rows
+            if (reward := events.episode_figure(r, "reward_mean")) is not None]
+
+
+def sweep_line(progress: dict[int, Progress], seconds: float) -> str:
+    """The sweep's progress line: per seed its env steps and last eval reward, each labelled
+    (``-``: no eval yet, or the last one finished no episode), then the sweep's wall time."""
+    def ev(p: Progress) -> str:
+        return "-" if p.eval is None else f"{p.eval:g}"
+
+    stop = next(iter(progress.values())).stop_value if progress else None
+    return (" | ".join(f"seed {s}: {p.envstep:,} env steps, eval {ev(p)}" for s, p in progress.items())
+            + (f" (stop_value {stop:g})" if stop is not None else "") + f" | {seconds:.0f} s")
+
+
 class Sweep(Launcher):
     """Runs the seeds of one config at once on one Redis and one worker fleet (module docstring).
 
@@ -184,10 +204,12 @@ class Sweep(Launcher):
     """
 
     def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
-                 coordinator_args: list[str], seeds: list[int], eval_episodes: int = 20, out_dir: str = ".") -> None:
+                 coordinator_args: list[str], seeds: list[int], eval_episodes: int = 20, out_dir: str = ".",
+                 started_at: Optional[float] = None) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         self.sweep_dir = runs.reserve_free_dir(Path(out_dir) / cfg.exp_name, f"sweep-{stamp}")
-        super().__init__(cfg, config_path, redis_url, collectors, coordinator_args, self.sweep_dir.name, out_dir)
+        super().__init__(cfg, config_path, redis_url, collectors, coordinator_args, self.sweep_dir.name, out_dir,
+                         started_at=started_at)
         self.log_dir = self.sweep_dir / "log"  # the fleet's and the coordinators' output
         self.seeds = seeds
         self.share = max(1, collectors // len(seeds))
@@ -203,9 +225,12 @@ class Sweep(Launcher):
         config_path = str(Path(self.config_path).resolve())
         for s, run_name in self.run_names.items():
             self._fork(f"coordinator-s{s}", _coordinator_main,
-                       [config_path, "--out-dir", ".", "--run-name", run_name, "--seed", str(s), *self.coordinator_args,
+                       [config_path, "--out-dir", ".", "--run-name", run_name, "--seed", str(s),
+                        "--started-at", repr(self.started_at), *self.coordinator_args,
                         f"--set=commander.collector_task_space={self.share}"], env, extra)
-        # One learner worker per run (each run's learner task).
+        # One learner worker per run (each run's learner task). RQ hands any run's task to any
+        # collector worker: each keeps the envs of every run of the sweep (workers/live_envs.py).
+        env["RQRL_ENV_CACHE_RUNS"] = str(max(2, len(self.seeds)))
         self._start_workers(env, extra, len(self.seeds), "sweep-")
         print(f"sweep of seeds {self.seeds}: runs {', '.join(self.run_names.values())} in ./{self.cfg.exp_name}/, "
               f"up to {self.share} collector tasks each; logs in {self.log_dir}/", file=sys.stderr)
@@ -240,8 +265,7 @@ class Sweep(Launcher):
                     print(f"seed {s} ({self.run_names[s]}) ended with exit code {proc.returncode}", file=sys.stderr)
             if time.time() >= next_print:
                 next_print = time.time() + 5.0
-                print(" | ".join(f"s{s} {p.envstep:,} steps {'-' if p.eval is None else f'{p.eval:.0f}'}"
-                                 for s, p in progress.items()) + f" | {time.time() - t0:.0f} s", file=sys.stderr)
+                print(sweep_line(progress, time.time() - t0), file=sys.stderr)
 
     def report(self) -> dict[str, Any]:
         """Re-evaluate each final.pt, write sweep.json / sweep.md / sweep.png; returns sweep.json's content."""
@@ -270,9 +294,7 @@ class Sweep(Launcher):
                 except EvalError as e:
                     row["status"] += f"; re-eval failed: {e}"
             rows.append(row)
-            evals = run_dir / "evals.jsonl"
-            points = [json.loads(ln) for ln in evals.read_text().splitlines() if ln.strip()] if evals.is_file() else []
-            curves[s] = [(float(p["envstep"]), float(p["reward_mean"])) for p in points]
+            curves[s] = run_curve(run_dir)
         summary = summarize(rows)
         title = f"{self.cfg.exp_name} ({self.cfg.env.env_id}), seeds {','.join(map(str, self.seeds))}"
         out = {"exp_name": self.cfg.exp_name, "env_id": self.cfg.env.env_id, "stop_value": self.cfg.env.stop_value,

@@ -78,22 +78,25 @@ class ChunkBuilder:
 def finish_info(stats: EpisodeStats, step_count: int, seconds: float, policy_version: int,
                 eval_flag: bool) -> dict[str, Any]:
     """The seed's finish info of one task (times in seconds, steps in env steps): the episodes
-    that finished during the task, whole episodes even when they began in an earlier task."""
+    that finished during the task, whole episodes even when they began in an earlier task.
+
+    A task that finished no episode has no per-episode figures: ``reward_mean``, ``reward_std``
+    and the episode lengths and durations are left out, never 0.0 (on envs with negative returns
+    a 0.0 would read as a record; the coordinator records such an eval with no reward)."""
     n = len(stats.returns)
-    return {
+    info: dict[str, Any] = {
         "real_episode_count": n,
         "step_count": int(step_count),
-        "avg_time_per_episode": float(np.mean(stats.durations)) if n else 0.0,
-        "avg_step_per_episode": float(np.mean(stats.lengths)) if n else 0.0,
-        "min_step_per_episode": int(min(stats.lengths)) if n else 0,
-        "max_step_per_episode": int(max(stats.lengths)) if n else 0,
         "avg_time_per_step": seconds / step_count if step_count else 0.0,
-        "reward_mean": float(np.mean(stats.returns)) if n else 0.0,
-        "reward_std": float(np.std(stats.returns)) if n else 0.0,
         "policy_version": int(policy_version),
         "eval_flag": bool(eval_flag),
         "duration": round(seconds, 3),
     }
+    if n:
+        info.update(avg_time_per_episode=float(np.mean(stats.durations)), avg_step_per_episode=float(np.mean(stats.lengths)),
+                    min_step_per_episode=int(min(stats.lengths)), max_step_per_episode=int(max(stats.lengths)),
+                    reward_mean=float(np.mean(stats.returns)), reward_std=float(np.std(stats.returns)))
+    return info
 
 
 def build_live_envs(cfg: EasyDict, task: dict) -> LiveEnvs:

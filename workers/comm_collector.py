@@ -34,6 +34,13 @@ from workers.task import task_namespace
 log = logging.getLogger(__name__)
 
 
+def _worker_name() -> str:
+    """The RQ worker running this task ("" outside RQ)."""
+    from rq import get_current_job
+
+    return getattr(get_current_job(), "worker_name", None) or ""
+
+
 class RedisCommCollector:
     """Collector-side I/O for one task (``task`` as made by the commander).
 
@@ -74,17 +81,15 @@ class RedisCommCollector:
     # -- the seed's interface -------------------------------------------------------------
     def deal_with_collector_start(self) -> None:
         """Announce the task: a ``started`` event with the host, pid and RQ worker name running it."""
-        from rq import get_current_job
-
-        job = get_current_job()
         events.emit(self._conn, self._exp, "started", self._task_id, "collector",
-                    host=socket.gethostname(), pid=os.getpid(), worker=getattr(job, "worker_name", None) or "",
+                    host=socket.gethostname(), pid=os.getpid(), worker=_worker_name(),
                     eval_flag=bool(self._task["eval_flag"]))
 
     def deal_with_collector_close(self, finish_info: dict[str, Any]) -> None:
-        """Report the seed's finish info in a ``finished`` event."""
+        """Report the seed's finish info in a ``finished`` event (with the RQ worker's name: the
+        ``started`` event may be trimmed from the stream by the time a long task ends)."""
         events.emit(self._conn, self._exp, "finished", self._task_id, "collector",
-                    buffer_id=self._task["buffer_id"], **finish_info)
+                    buffer_id=self._task["buffer_id"], worker=_worker_name(), **finish_info)
 
     def send_stepdata(self, data_id: str, stepdata: dict[str, Any], codec: str = "none") -> int:
         """Serialise one chunk of stacked transitions to a msgpack blob compressed with ``codec``

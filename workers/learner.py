@@ -41,7 +41,7 @@ from easydict import EasyDict
 from common import events, keys, phases, spaces
 from common.device import pick_device
 from common.finite import check_train_step
-from common.logs import build_logger, build_tb_writer
+from common.logs import ShippedScalars, build_logger, build_tb_writer, close_logger, shipped_logger
 from common.policy import Policy, algorithm_of, create_policy, export
 from common.registry import LEARNER_REGISTRY, import_names
 from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
@@ -90,16 +90,20 @@ class BaseLearner:
         exp_name: experiment name (output under ``./{exp_name}/``).
         instance_name: log file / TensorBoard name.
         checkpoint_store: where checkpoints go (files under ``./{exp_name}/ckpt`` by default).
+        logger: where log lines go, or None for a file under ``{log_dir}``. A learner task passes
+            a shipped logger and shipped scalars (common/logs.py): its lines and scalars reach the
+            coordinator's run folder, whatever machine and folder the worker runs in.
     """
 
     def __init__(self, cfg: EasyDict, policy: Optional[Policy] = None, tb_logger: Any = None,
                  exp_name: str = "default_experiment", instance_name: str = "learner",
-                 checkpoint_store: Optional[CheckpointStore] = None, log_dir: Optional[str] = None) -> None:
+                 checkpoint_store: Optional[CheckpointStore] = None, log_dir: Optional[str] = None,
+                 logger: Optional[logging.Logger] = None) -> None:
         self._cfg = cfg
         self._exp_name = exp_name
         self._instance_name = instance_name
         log_dir = log_dir or f"./{exp_name}/log/{instance_name}"
-        self._logger = build_logger(log_dir, instance_name)
+        self._logger = logger if logger is not None else build_logger(log_dir, instance_name)
         self._tb_logger = tb_logger if tb_logger is not None else build_tb_writer(log_dir)
         self._ckpt_store = checkpoint_store or CheckpointStore(None, exp_name, Path(f"./{exp_name}/ckpt"))
         self._ckpt_name: Optional[str] = None
@@ -178,13 +182,16 @@ class BaseLearner:
         self.call_hook("after_run")
 
     def close(self) -> None:
-        """Flush and close the TensorBoard writer."""
+        """Flush and close the TensorBoard writer, and flush the log (shipped lines are sent now,
+        before the task reports its end)."""
         if self._end_flag:
             return
         self._end_flag = True
         if self._tb_logger is not None:
             self._tb_logger.flush()
             self._tb_logger.close()
+        for handler in self._logger.handlers:
+            handler.flush()
 
     # -- checkpoints ---------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
@@ -460,9 +467,24 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
     if task.get("resume"):
         cfg.policy.learn.learner.hook.load_ckpt_before_run = "latest"
     lease_key = keys.lease(exp, task_id)
-    learner = create_learner(cfg, policy=policy, exp_name=exp,
-                             instance_name="learner" if lead else f"learner_rank{group.rank}",
-                             checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key, writable=lead))
+    name = "learner" if lead else f"learner_rank{group.rank}"
+    # Lines and scalars go to the coordinator's run folder through Redis: the worker's own folder
+    # (any machine, any cwd) gets nothing.
+    logger = shipped_logger(conn, exp, task_id, "learner", name)
+    try:
+        learner = create_learner(cfg, policy=policy, exp_name=exp, instance_name=name,
+                                 checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key, writable=lead),
+                                 logger=logger, tb_logger=ShippedScalars(conn, exp, task_id, "learner"))
+        return _train_with(conn, cfg, task, spec, group, policy, learner, lease_key)
+    finally:
+        close_logger(logger)
+
+
+def _train_with(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, group: Optional[LearnerGroup],
+                policy: Policy, learner: "BaseLearner", lease_key: str) -> dict[str, Any]:
+    """Wire the data source, hooks and buffer reader to ``learner``, train until the stop, report."""
+    exp, task_id = task_namespace(task), task["task_id"]
+    lead = group is None or group.rank == 0
     source = create_source(algorithm_of(cfg).data_source, conn, exp, learner, cfg, policy.schema(),
                            int(task.get("seed", 0)), spec, group_size=1 if group is None else group.world_size)
     lcfg = cfg.policy.learn.learner

@@ -72,7 +72,7 @@ class PreloadWorker(Worker):
 class CollectorWorker(SimpleWorker):
     """A non-forking worker that keeps each run's envs between its collector tasks (module docstring).
 
-    At most ``$RQRL_ENV_CACHE_RUNS`` runs' envs (default 2: a sweep shares a fleet) are kept, least
+    At most ``$RQRL_ENV_CACHE_RUNS`` runs' envs (default 2; ``rqrl sweep`` sets its number of seeds) are kept, least
     recently used out; a run's envs close at its stop flag or after ``collector.env_idle_s``
     seconds without a task of the run, and all of them when the worker exits. Its Redis client
     retries as :class:`PreloadWorker`'s does.

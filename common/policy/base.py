@@ -60,6 +60,8 @@ class Algorithm:
             ``collectors`` (collector tasks allowed at once). Plain JSON values only.
         check_setting: ``(setting) -> None``; raises ValueError naming a bad key of a collect
             setting (a hand-enqueued task is refused before it runs).
+        action_kinds: the action spaces it can act in (``"discrete"``, ``"box"``;
+            :class:`common.spaces.SpaceSpec`), checked against the env before anything is launched.
     """
 
     name: str
@@ -68,6 +70,7 @@ class Algorithm:
     config: dict[str, Any] = field(default_factory=dict)
     collect_setting: Callable[[EasyDict, dict[str, Any]], dict[str, Any]] = lambda cfg, info: {}
     check_setting: Callable[[dict[str, Any]], None] = lambda setting: None
+    action_kinds: tuple[str, ...] = ("discrete", "box")
 
     def __post_init__(self) -> None:
         if self.data_source not in DATA_SOURCES:

@@ -28,6 +28,13 @@ learner reports ``learner_info`` 20 times a second. Figures:
   (ms, seq) integers). A drain or burst that does not finish within ``--timeout`` seconds
   fails the benchmark (:class:`BenchTimeout`) instead of reporting a rate.
 
+* the long-task model (``--long-sims``): collector tasks last ``--long-task-seconds`` (rqrl's tasks
+  run for up to a minute, their envs kept on the worker) and, while a task works, each simulator
+  reads ``rqrl:{exp}:collect_setting`` every ``--chunk-seconds`` as the chunk script does; the
+  learner's reports move the env steps so the setting (epsilon) changes with every report. Rows
+  (mode ``long tasks``) add the setting's propagation p50 / p99: from the coordinator's write (the
+  ``ts`` it stores) to the first read that saw it.
+
 Needs Redis >= 7.0 (``entries-read`` / ``lag`` in XINFO GROUPS).
 """
 
@@ -258,7 +265,8 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
     def pct(p: float, xs: list[float] = lat) -> float | None:
         return round(xs[min(len(xs) - 1, int(p * len(xs)))] * 1000, 2) if xs else None
 
-    return {"sims": n_sims, "mode": "curve" if task_seconds > 0 else "saturation", "task_seconds": task_seconds,
+    mode = "long tasks" if chunk_seconds > 0 else "curve" if task_seconds > 0 else "saturation"
+    return {"sims": n_sims, "mode": mode, "task_seconds": task_seconds,
             "window_s": round(wall, 2), "offered_events_per_s": None if offered is None else round(offered, 1),
             "sent_events_per_s": round(sent, 1),
             "handled_events_per_s": round(handled, 1), "backlog_start": g0["backlog"], "backlog_end": g1["backlog"],
@@ -276,8 +284,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256, 1000])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--task-seconds", type=float, default=1.0)
-    ap.add_argument("--chunk-seconds", type=float, default=0.0,
-                    help="> 0: simulators read the collect setting this often while a task works (the long-task model)")
+    ap.add_argument("--long-sims", type=int, nargs="*", default=[],
+                    help="also run these many simulators on the long-task model: tasks of --long-task-seconds, the "
+                         "collect setting read every --chunk-seconds while a task works (rows with mode 'long tasks')")
+    ap.add_argument("--long-task-seconds", type=float, default=30.0)
+    ap.add_argument("--long-window", type=float, default=30.0, help="seconds measured in a long-task run")
+    ap.add_argument("--chunk-seconds", type=float, default=0.1)
     ap.add_argument("--burst", type=int, default=50_000)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to drain or ack a burst before failing")
@@ -291,9 +303,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for n in args.sims:
         for _ in range(args.repeats):
             prof = str(Path(args.profile) / f"coordinator-{n}.prof") if args.profile else None
-            r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout, prof, args.chunk_seconds)
+            r = run_scale(n, args.seconds, args.task_seconds, args.burst, args.timeout, prof)
             rows.append(r)
             print(json.dumps(r), flush=True)
+    for n in args.long_sims:
+        r = run_scale(n, args.long_window, args.long_task_seconds, args.burst, args.timeout,
+                      chunk_seconds=args.chunk_seconds)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
     for _ in range(0 if args.no_saturation else args.repeats):
         r = run_scale(max(args.sims), args.seconds, 0.0, args.burst, args.timeout)
         rows.append(r)

@@ -74,14 +74,12 @@ def run_case(name: str, mode: str, timeout: float = 1800.0) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 w.kill()
         server.stop()
-    # The RQ worker that ran each task (a forking worker's tasks each have a work-horse pid of their own).
-    pid_of = {e["task_id"]: e["worker"] for e in evs if e["type"] == "started" and e["task_type"] == "collector"}
     train = [e for e in evs if e["type"] == "finished" and e["task_type"] == "collector" and not e["eval_flag"]]
-    builds: dict[str, int] = {}
+    builds: dict[str, int] = {}  # per RQ worker (a forking worker's tasks each run in a work-horse of their own)
     for e in train:
-        builds[pid_of[e["task_id"]]] = builds.get(pid_of[e["task_id"]], 0) + int(e.get("env_built", True))
+        builds[e["worker"]] = builds.get(e["worker"], 0) + int(e.get("env_built", True))
     finished = sum(int(e["real_episode_count"]) for e in train)
-    steps = sum(int(e["avg_step_per_episode"] * e["real_episode_count"]) for e in train)
+    steps = sum(int(e.get("avg_step_per_episode", 0) * e["real_episode_count"]) for e in train)
     return {"case": name, "mode": mode, "worker": WORKER[mode], "env_step_budget": budget,
             "task_env_steps": old_task if mode == "old" else None, "tasks": len(train),
             "episodes_finished": finished, "episodes_cut_by_task_ends": sum(int(e.get("episodes_cut", 0)) for e in train),

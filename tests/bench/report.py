@@ -38,6 +38,11 @@ def _largest(r: dict) -> list[dict]:
     return [x for x in rows if x["sims"] == top]
 
 
+def _long(r: dict) -> list[dict]:
+    """The coordinator rows of the long-task model (collect setting read per chunk)."""
+    return [x for x in r["coordinator"] if x.get("mode") == "long tasks"]
+
+
 def _at(r: dict, sims: int) -> list[dict]:
     return [x for x in _curve(r) if x["sims"] == sims]
 
@@ -143,6 +148,17 @@ GOALS: list[tuple[str, Callable[[dict], Optional[dict]], str, str]] = [
      "", ">= 2020"),
     ("coordinator CPU per event, 1000 vs 256 simulated collectors (flat = 1)",
      lambda r: _cpu_ratio(r, 1000, 256), "×", "<= 1.5"),
+    ("collect setting propagation p99, 1000 simulated collectors on long tasks",
+     lambda r: spread([x["setting_propagation_p99_ms"] for x in _long(r)], 1), "ms", "<= 1000"),
+    ("coordinator CPU share, 1000 simulated collectors on long tasks",
+     lambda r: spread([x["coordinator_cpu_share"] for x in _long(r)], 3), "", ""),
+    ("event backlog growth, 1000 simulated collectors on long tasks",
+     lambda r: spread([x["backlog_end"] - x["backlog_start"] for x in _long(r)], 0), "", "<= 10"),
+    ("training episodes cut by task ends, envs kept (CartPole, Acrobot, Pong)",
+     lambda r: spread([sum(x["episodes_cut_by_task_ends"] for x in r["episodes"] if x["mode"] == "kept")], 0), "", "<= 0"),
+    ("env builds per collector worker per run, envs kept",
+     lambda r: spread([max(b for x in r["episodes"] if x["mode"] == "kept" for b in x["env_builds_per_worker"])], 0),
+     "", "<= 1"),
 ]
 
 
@@ -174,7 +190,7 @@ def summary_table(raw: dict) -> str:
     lines = ["| figure | median (min–max, repeats) | goal | verdict |", "| --- | --- | --- | --- |"]
     for name, get, unit, goal in GOALS:
         fig = _get(get, r)
-        goal_text = goal + (unit if unit == "×" else f" {unit}" if unit else "")
+        goal_text = goal + (unit if unit == "×" else f" {unit}" if unit else "") if goal else "-"
         lines.append(f"| {name} | {fmt(fig, unit)} | {goal_text} | {verdict(fig, goal)} |")
     for part, err in raw.get("errors", {}).items():
         lines.append(f"| {part} | FAILED: {err} | | |")
@@ -276,7 +292,9 @@ def detail_tables(raw: dict) -> str:
                 f"{x['tasks']} tasks of {x['task_env_steps']} env steps, one `rq worker --burst`.", "",
                 "| worker | job s (in the work-horse) | in-task set-up s | set-up share of the job | "
                 "outside the jobs, per task s (worker start, fork, RQ) |", "| --- | --- | --- | --- | --- |"]
-        for label in ("preload_worker", "stock_worker"):
+        for label in ("collector_worker", "preload_worker", "stock_worker"):
+            if label not in x:  # runs recorded before CollectorWorker existed
+                continue
             y = x[label]
             out.append(f"| {label} | {fmt(y['job_s'])} | {fmt(y['in_task_setup_s'])} | {fmt(y['setup_share_of_job'])} | "
                        f"{y['outside_jobs_per_task_s']} |")
@@ -334,6 +352,27 @@ def detail_tables(raw: dict) -> str:
                 + (f"{x['coordinator_cpu_share']:.1%} | {x['coordinator_cpu_us_per_event']} | "
                    if "coordinator_cpu_share" in x else "- | - | ")
                 + f"{x['burst_events_per_s']} |" for x in r["coordinator"]]
+        out.append("")
+        if _long(r):
+            out += ["Long-task model: tasks of the row's seconds, the collect setting read every "
+                    f"{_long(r)[0].get('chunk_seconds', 0.1):g} s while a task works (as the chunk script reads it).", "",
+                    "| simulated collectors | tasks s | handled events/s | backlog start → end | coordinator CPU | "
+                    "settings seen | propagation p50 ms | propagation p99 ms |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            out += [f"| {x['sims']} | {x['task_seconds']:g} | {x['handled_events_per_s']} | {x['backlog_start']} → "
+                    f"{x['backlog_end']} | {x['coordinator_cpu_share']:.1%} | {x['settings_seen']} | "
+                    f"{x['setting_propagation_p50_ms']} | {x['setting_propagation_p99_ms']} |" for x in _long(r)]
+            out.append("")
+    if "episodes" in r:
+        out += ["### Training episodes and task ends (`tests/bench/bench_episodes.py`)", "",
+                "Envs kept on the collector worker (`CollectorWorker`, what rqrl train runs) against the old life cycle "
+                "(RQ's forking worker rebuilding envs per task, at the task lengths the configs had), to the same "
+                "env-step budget.", "",
+                "| env | life cycle | env steps | tasks | training episodes finished | cut by task ends | "
+                "mean episode length | env builds per worker |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {x['case']} | {'kept' if x['mode'] == 'kept' else 'old (tasks of ' + str(x['task_env_steps']) + ')'} | "
+                f"{x['env_step_budget']} | {x['tasks']} | {x['episodes_finished']} | {x['episodes_cut_by_task_ends']} | "
+                f"{x['mean_episode_length'] or '-'} | {', '.join(map(str, x['env_builds_per_worker']))} |"
+                for x in r["episodes"]]
         out.append("")
     return "\n".join(out)
 

@@ -12,8 +12,10 @@ at ``learner_num`` 1 and 2, the re-evaluation of final.pt on 20
 fresh episodes for 20 seeds, SAC on HalfCheetah for a fixed budget, the component benchmarks
 (collector vs bare loop, transport vs raw redis-py, policy propagation, per-task overhead,
 learner), the coordinator scale test (8 / 64 / 256 / 1,000 simulated collectors, then a
-saturation run) and the image benchmarks on Atari Pong (collector, transport with and without
-compression, replay memory per transition, learner; tests/bench/bench_images.py).
+saturation run, then 1,000 on the long-task model) and the image benchmarks on Atari Pong
+(collector, transport with and without compression, replay memory per transition, learner;
+tests/bench/bench_images.py), and training episodes cut by task ends with envs kept on the
+worker against the old life cycle (CartPole, Acrobot, Pong; tests/bench/bench_episodes.py).
 
 Writes ``docs/bench/<UTC date>T<time>-<host>.json``: date, machine, command, git commit and
 every repeat of every figure. Unless ``--no-docs``, it then rewrites the generated block of
@@ -36,8 +38,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.bench import (bench_algorithms, bench_components, bench_coordinator, bench_ddp, bench_images,
-                         bench_learner,
+from tests.bench import (bench_algorithms, bench_components, bench_coordinator, bench_ddp, bench_episodes,
+                         bench_images, bench_learner,
                          bench_reeval, bench_serial, bench_solve, bench_start, report)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="component repeats (default 3; 2 with --quick)")
     ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256, 1000])
     ap.add_argument("--parts", nargs="+", default=["start", "solve", "serial", "algorithms", "priorities", "ddp", "reeval",
-                                                   "halfcheetah", "components", "coordinator", "images"])
+                                                   "halfcheetah", "components", "coordinator", "images", "episodes"])
     ap.add_argument("--di-engine", default=None, help="DI-engine's venv for the start part (bench_start.py)")
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
@@ -140,9 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     if "coordinator" in args.parts:
         _part(r, errors, "coordinator", lambda: bench_coordinator.main(
             ["--sims", *map(str, args.sims), "--seconds", "5" if args.quick else "10",
-             "--burst", "20000" if args.quick else "50000", "--repeats", "1" if args.quick else "3"]))
+             "--burst", "20000" if args.quick else "50000", "--repeats", "1" if args.quick else "3",
+             "--long-sims", str(max(args.sims)), "--long-window", "10" if args.quick else "30"]))
     if "images" in args.parts:  # Atari Pong: collector, transport, replay memory, learner (needs the atari extra)
         _part(r, errors, "images", lambda: bench_images.main((["--quick"] if args.quick else []) + ["--repeats", str(repeats)]))
+    if "episodes" in args.parts:  # training episodes cut by task ends, env builds per worker (kept vs old life cycle)
+        _part(r, errors, "episodes", lambda: bench_episodes.main(["--envs", "cartpole", "acrobot",
+                                                                   *([] if args.quick else ["pong"])]))
     raw["machine"]["loadavg_at_end"] = list(os.getloadavg())
     if args.reuse:  # figures of an earlier run, kept with where they came from
         earlier = json.loads(Path(args.reuse).read_text())

@@ -29,6 +29,8 @@ def verdict(fig: Optional[dict[str, Any]], goal: str) -> str:
     "spread crosses the goal"; "no figure" when nothing was measured."""
     if not fig or fig.get("median") is None:
         return "no figure"
+    if not goal:  # a figure reported without a goal
+        return "-"
     op_name, target = goal.split()
     ok = [_OPS[op_name](v, float(target)) for v in fig["values"]]
     if all(ok):

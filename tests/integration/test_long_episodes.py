@@ -33,7 +33,6 @@ def test_training_episodes_keep_the_envs_length_across_many_tasks(tmp_path, redi
                    cwd=tmp_path, timeout=280)
     assert res.returncode == 2 and "max_env_step 2400 reached" in res.stdout, res.stdout + res.stderr[-3000:]
     evs = _events(conn, keys.namespace(exp, "r"))
-    worker_of = {e["task_id"]: e["worker"] for e in evs if e["type"] == "started" and e["task_type"] == "collector"}
     train = [e for e in evs if e["type"] == "finished" and e["task_type"] == "collector" and not e["eval_flag"]]
     assert len(train) >= 20, f"only {len(train)} training tasks: tasks were not much shorter than episodes"
     finished = [e for e in train if e["real_episode_count"] > 0]
@@ -42,5 +41,5 @@ def test_training_episodes_keep_the_envs_length_across_many_tasks(tmp_path, redi
     assert all(e["episodes_cut"] == 0 for e in train)
     builds: dict[str, int] = {}
     for e in train:
-        builds[worker_of[e["task_id"]]] = builds.get(worker_of[e["task_id"]], 0) + int(e["env_built"])
+        builds[e["worker"]] = builds.get(e["worker"], 0) + int(e["env_built"])
     assert set(builds.values()) == {1}, f"env builds per collector worker: {builds}"

@@ -39,7 +39,7 @@ def test_sweep_of_two_seeds_on_one_redis_and_fleet(tmp_path, real_redis, redis_s
                    cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]  # both used up their budget: results, not failures
     runs = sorted(p for p in (tmp_path / exp).iterdir() if p.is_dir() and not p.is_symlink()
-                  and not p.name.startswith("sweep-"))
+                  and not p.name.startswith("sweep-") and p.name != "tensorboard")
     assert [p.name[-3:] for p in runs] == ["-s1", "-s2"], runs
     summaries = [json.loads((r / "summary.json").read_text()) for r in runs]
     namespaces = [keys.namespace(exp, r.name) for r in runs]
@@ -50,7 +50,8 @@ def test_sweep_of_two_seeds_on_one_redis_and_fleet(tmp_path, real_redis, redis_s
         assert any(t.startswith("learner") for t in ids["started"]) and any(t.startswith("collector") for t in ids["started"])
         for name in ("final.pt", "evals.jsonl", "curve.png", "log/commander/coordinator.txt", "log/learner/learner.txt"):
             assert (r / name).is_file(), (r, name)
-        assert list((r / "log" / "commander").glob("events.out.tfevents.*")), "no TensorBoard events in the run folder"
+        assert list((r / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events in the run folder"
+        assert (tmp_path / exp / "tensorboard" / r.name).resolve() == (r / "tensorboard").resolve()
         # Each run's evals are its own (one run id), and its env-step counter counts only its own chunks.
         evals = [json.loads(x) for x in (r / "evals.jsonl").read_text().splitlines()]
         assert evals and {e["run_id"] for e in evals} == {s["run_id"]}
@@ -58,6 +59,13 @@ def test_sweep_of_two_seeds_on_one_redis_and_fleet(tmp_path, real_redis, redis_s
         assert int(real_redis.get(keys.envstep(ns))) == stats["produced_env_steps"] > 0, stats
         # Fair share: at most one collector task of this run at once (commander.collector_task_space = 2 // 2).
         assert int(real_redis.hget(keys.commander(ns), "collector_task_space")) == 1
+        # The collector workers serve both runs' tasks and keep each run's envs: one build per worker and run.
+        evs = [streams.decode_fields(raw) for _, raw in real_redis.xrange(keys.events(ns))]
+        builds: dict[str, int] = {}
+        for e in evs:
+            if e["type"] == "finished" and e["task_type"] == "collector" and not e["eval_flag"]:
+                builds[e["worker"]] = builds.get(e["worker"], 0) + int(e["env_built"])
+        assert builds and max(builds.values()) == 1, builds
     # No task of one run shows on the other's stream; different buffers, policies and run ids.
     assert not set().union(*seen[0].values()) & set().union(*seen[1].values())
     assert summaries[0]["buffer_id"] != summaries[1]["buffer_id"] and summaries[0]["run_id"] != summaries[1]["run_id"]

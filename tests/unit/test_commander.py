@@ -603,4 +603,4 @@ def test_summary_fields(small_cfg):
     assert s["policy_id"] == lt["policy_id"] and s["buffer_id"] == lt["buffer_id"]
     assert s["stop_value"] == small_cfg.env.stop_value
     assert s["converged"] is False
-    assert s["last_eval_reward_mean"] == ""
+    assert s["last_eval_reward_mean"] is None  # no eval yet: no number (null in JSON, "" in Redis)

@@ -84,8 +84,8 @@ def test_plot_curve_writes_png(tmp_path):
 
 def test_plot_curve_names_bad_point(tmp_path):
     bad = points(2)
-    del bad[1]["reward_std"]
-    with pytest.raises(ValueError, match=r"eval point 1 has no 'reward_std'"):
+    del bad[1]["envstep"]
+    with pytest.raises(ValueError, match=r"eval point 1 has no 'envstep'"):
         curve.plot_curve(bad, 195.0, tmp_path / "x.png")
     bad = points(1)
     bad[0]["time"] = "soon"
@@ -165,7 +165,7 @@ def test_cli_curve_from_redis(patched_connect, tmp_path, capsys, figures):
     fill_stream(patched_connect)
     patched_connect.hset(keys.commander("cp"), mapping={"stop_value": "195.0", "envstep": "500"})
     out = tmp_path / "cp_curve.png"
-    assert rqrl_main(["curve", "--exp", "cp", "--out", str(out)]) == 0
+    assert rqrl_main(["curve", "--exp", "cp", "--out", str(out), "--redis-url", "redis://run-redis:6379/0"]) == 0
     text = capsys.readouterr().out
     assert "3 evals" in text and "stop value 195" in text
     check_png(out)
@@ -178,14 +178,14 @@ def test_cli_curve_from_redis(patched_connect, tmp_path, capsys, figures):
 def test_cli_curve_default_path(patched_connect, tmp_path, monkeypatch, figures):
     fill_stream(patched_connect)
     monkeypatch.chdir(tmp_path)
-    assert curve.main(["--exp", "cp", "--stop-value", "100"]) == 0
+    assert curve.main(["--exp", "cp", "--stop-value", "100", "--redis-url", "redis://run-redis:6379/0"]) == 0
     check_png(tmp_path / "cp" / "curve.png")
     assert plotted(figures[0])[0]["stop"] == [100.0]
 
 
 def test_cli_curve_without_evals(patched_connect, tmp_path, capsys):
-    assert curve.main(["--exp", "nothing", "--out", str(tmp_path / "x.png")]) == 1
-    assert "no finished eval events in rqrl:nothing:events" in capsys.readouterr().err
+    assert curve.main(["--exp", "nothing", "--out", str(tmp_path / "x.png"), "--redis-url", "redis://r:6379/0"]) == 1
+    assert "no finished eval in rqrl:nothing:evals or rqrl:nothing:events" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
 
 

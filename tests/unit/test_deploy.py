@@ -399,7 +399,7 @@ def test_k8s_kustomization_lists_every_manifest():
 def test_k8s_kinds():
     kinds = sorted(kind for kind, _ in _k8s_objects())
     assert kinds == sorted(["Namespace", "Secret", "ConfigMap", "ConfigMap", "Service", "StatefulSet",
-                            "PersistentVolumeClaim", "PersistentVolumeClaim", "Job", "Deployment", "Deployment"])
+                            "PersistentVolumeClaim", "Job", "Deployment", "Deployment"])
 
 
 def _container(obj: dict, name: str | None = None) -> dict:

@@ -224,3 +224,18 @@ def test_an_eval_spreads_its_episodes_over_the_eval_envs():
     assert info["real_episode_count"] == 20 and lengths == [5] * 18 + [50] * 2, lengths
     assert Uneven.steps_taken == 4 * 50, Uneven.steps_taken
     assert info["step_count"] == sum(lengths) and info["reward_mean"] == 9.5
+
+
+def test_a_task_that_finished_no_episode_sends_no_reward():
+    """No finished episode, no number: the finish info leaves out reward and episode figures
+    rather than reporting 0.0 (issue: a zero-episode eval was stored as 0.0 and exported)."""
+    from workers.collector import finish_info
+
+    stats = EpisodeStats(2)
+    stats.step(np.array([-1.0, -1.0]), np.array([False, False]))
+    info = finish_info(stats, 2, 0.5, 3, eval_flag=True)
+    assert info["real_episode_count"] == 0
+    assert not {"reward_mean", "reward_std", "avg_step_per_episode", "avg_time_per_episode"} & set(info)
+    stats.step(np.array([-1.0, -1.0]), np.array([True, False]))
+    info = finish_info(stats, 4, 1.0, 3, eval_flag=True)
+    assert info["reward_mean"] == -2.0 and info["avg_step_per_episode"] == 2.0

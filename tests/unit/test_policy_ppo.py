@@ -117,18 +117,19 @@ def test_gae_adder_flush_bootstraps_a_short_segment(monkeypatch):
 
 # ---------------------------------------------------------------- acting
 
-def test_pendulum_actions_clipped_for_env_stored_unclipped():
-    # A wide Gaussian (std e^1.5 ~ 4.5) so many samples fall outside [-2, 2].
+def test_pendulum_actions_scaled_to_the_bounds_for_env_stored_unclipped():
+    # A wide Gaussian (std e^1.5 ~ 4.5) so many samples fall outside the normalised [-1, 1].
     policy = make_policy("Pendulum-v1", model={"init_log_std": 1.5})
     assert policy.spec.action_kind == "box" and policy.spec.action_low == (-2.0,)
     obs = np.random.default_rng(0).uniform(-1, 1, (256, 3)).astype(np.float32)
     env_action, record = policy.act(obs, {}, np.random.default_rng(0))
     stored = record["action"]
     assert env_action.shape == stored.shape == (256, 1)
-    assert stored.dtype == np.float32
+    assert stored.dtype == np.float32 and env_action.dtype == np.float32
     assert env_action.min() >= -2.0 and env_action.max() <= 2.0
-    assert (np.abs(stored) > 2.0).any(), "test needs samples outside the bounds"
-    np.testing.assert_array_equal(env_action, np.clip(stored, -2.0, 2.0))
+    assert (np.abs(stored) > 1.0).any(), "test needs samples outside the bounds"
+    # [-1, 1] maps onto [low, high] = [-2, 2]: here a factor of 2.
+    np.testing.assert_allclose(env_action, 2.0 * np.clip(stored, -1.0, 1.0), rtol=1e-6, atol=1e-6)
     # The stored log-probability is that of the unclipped sample.
     with torch.no_grad():
         dist, value = policy.model(torch.as_tensor(obs))
@@ -290,3 +291,27 @@ def test_make_adder_horizon_covers_the_share():
     # 86 rows over 8 envs: ceil(86 / 8) = 11 steps per env (88 rows).
     assert policy.make_adder(8, {"rollout_rows": 86}).horizon == 11
     assert policy.make_adder(8, {}).horizon == 32  # no setting: n_sample 256 / 8
+
+
+def test_ppo_box_actions_off_centre_act_in_the_middle_and_learn():
+    """A one-step bandit on Box [100, 110] (issue 20): reward -|a - 107|. A Gaussian around 0
+    clipped to the bounds sent 100 every time and never learned; scaled to the bounds, the fresh
+    policy acts around 105 and PPO moves its mean action to the optimum."""
+    from gymnasium import spaces as gs
+
+    cfg = ppo_cfg(learn={"learning_rate": 3e-3, "epoch_per_collect": 4, "batch_size": 64, "entropy_weight": 0.0})
+    spec = spaces.from_spaces("Bandit", gs.Box(-1.0, 1.0, (2,), np.float32), gs.Box(100.0, 110.0, (1,), np.float32))
+    cfg.policy.model.update(obs_shape=2, action_shape=1)
+    torch.manual_seed(0)
+    policy = create_policy(cfg, spec, device="cpu")
+    obs = np.zeros((256, 2), np.float32)
+    greedy = policy.act_eval(obs[:1], np.random.default_rng(0))
+    assert 104.0 < greedy[0, 0] < 106.0, greedy  # the middle of the bounds, not the edge at 100
+    env_action, _ = policy.act(obs, {}, np.random.default_rng(0))
+    assert env_action.min() >= 100.0 and env_action.max() <= 110.0 and env_action.std() > 1.0
+    for _ in range(40):  # one-step episodes: adv = r - V, ret = r
+        env_action, rec = policy.act(obs, {}, np.random.default_rng(0))
+        reward = -np.abs(env_action[:, 0] - 107.0).astype(np.float32)
+        policy.learn({"obs": obs, "action": rec["action"], "logp": rec["logp"], "value": rec["value"],
+                      "adv": reward - rec["value"], "ret": reward})
+    assert abs(policy.act_eval(obs[:1], np.random.default_rng(0))[0, 0] - 107.0) < 0.5

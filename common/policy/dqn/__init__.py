@@ -52,4 +52,5 @@ def check_setting(setting: dict[str, Any]) -> None:
 
 
 ALGORITHM = Algorithm(name="dqn", data_source="replay", policy_class="common.policy.dqn.policy:DQNPolicy",
-                      config=CONFIG, collect_setting=collect_setting, check_setting=check_setting)
+                      config=CONFIG, collect_setting=collect_setting, check_setting=check_setting,
+                      action_kinds=("discrete",))

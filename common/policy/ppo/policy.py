@@ -3,7 +3,8 @@
 Chunk rows (``B`` rows, all produced by one policy version; ``*O`` the stored observation shape)::
 
     obs     float32 (B, *O) | uint8 (B, *O) image | int64 (B,)   observation at t
-    action  int64 (B,) | float32 (B, A)    action index (Discrete) or the unclipped Gaussian sample (Box)
+    action  int64 (B,) | float32 (B, A)    action index (Discrete) or the unclipped Gaussian sample in
+                                           normalised units (Box; the env gets it mapped onto its bounds)
     logp    float32 (B,)     log pi_old(action | obs)
     value   float32 (B,)     V_old(obs)
     adv     float32 (B,)     GAE advantage
@@ -26,8 +27,14 @@ Learn step, ``epoch_per_collect`` epochs of shuffled minibatches of ``batch_size
     loss    = L_clip + value_weight * L_value - entropy_weight * entropy
 
 Discrete actions use a categorical head; Box actions a Gaussian with a state-independent
-log-std, clipped to the space's bounds when sent to the env (the stored action is unclipped,
-so its log-probability stays exact).
+log-std over a normalised action ``a`` whose range [-1, 1] is mapped onto the space's bounds
+when sent to the env, as SAC does (and as Stable-Baselines3 recommends for PPO)::
+
+    env action = low + (clip(a, -1, 1) + 1) / 2 * (high - low)
+
+so a fresh policy acts around the middle of any Box, centred on 0 or not (a Gaussian around
+0 clipped to [100, 110] would always send 100 and learn nothing). The stored action is the
+unclipped ``a``, so its log-probability stays exact.
 """
 
 from __future__ import annotations
@@ -118,8 +125,11 @@ class PPOPolicy(Policy):
         return nets.obs_tensor(self.spec, obs, self.device)
 
     def _to_env(self, action: np.ndarray) -> np.ndarray:
+        """Policy actions -> env actions: a Box action in [-1, 1] (clipped) mapped onto [low, high]
+        (float32 (B, A)), a Discrete index shifted by the space's ``start``."""
         if self.continuous:
-            return np.clip(action, self._low, self._high)
+            unit = np.clip(action, -1.0, 1.0)
+            return (self._low + (unit + 1.0) * 0.5 * (self._high - self._low)).astype(np.float32)
         return action + self.spec.action_start
 
     @torch.no_grad()

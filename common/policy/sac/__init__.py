@@ -39,4 +39,4 @@ def collect_setting(cfg: EasyDict, info: dict[str, Any]) -> dict[str, Any]:
 
 
 ALGORITHM = Algorithm(name="sac", data_source="replay", policy_class="common.policy.sac.policy:SACPolicy",
-                      config=CONFIG, collect_setting=collect_setting)
+                      config=CONFIG, collect_setting=collect_setting, action_kinds=("box",))
