@@ -65,8 +65,10 @@ def _timed(argv: list[str], cwd: str, timeout: float, env: Optional[dict[str, st
     return res, time.perf_counter() - t0, start_unix
 
 
-def _wait_teardown(run_dir: Path, timeout: float = 120.0) -> Optional[float]:
-    """Wait (untimed) until ``rqrl train``'s background teardown logged its end; returns when it ended."""
+def wait_teardown(run_dir: Path, timeout: float = 120.0) -> Optional[float]:
+    """Wait (untimed) until ``rqrl train``'s background teardown of the run in ``run_dir`` logged its
+    end (its processes are gone, so they take no CPU from the next measurement); returns when it
+    ended (unix seconds), or None after ``timeout`` seconds."""
     log = run_dir / "log" / "teardown.log"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -85,7 +87,7 @@ def rqrl_once(config: str, seed: int) -> dict[str, Any]:
                                "--seed", str(seed), "--name", "r", "--set", f"exp_name={exp}"], tmp, 900)
         run = Path(tmp) / exp / "r"
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-        teardown_end = _wait_teardown(run)
+        teardown_end = wait_teardown(run)
     ph = summary.get("phases", {})
     rel = {k: round(v - ph["launch"], 3) for k, v in ph.items()} if "launch" in ph else {}
     train_s, it = summary.get("learner_train_s"), summary.get("train_iter")
