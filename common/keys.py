@@ -173,7 +173,7 @@ def stop(exp: str) -> str:
 
 def phases(exp: str) -> str:
     """The run's phase timestamps (hash: phase name -> unix seconds), each written by the process
-    that passed the phase (coordinator/phases.py)."""
+    that passed the phase (common/phases.py)."""
     return f"{exp_prefix(exp)}:phases"
 
 
