@@ -34,6 +34,7 @@ from easydict import EasyDict
 from common import chunk_codec, events, frames, keys, spaces
 from common.policy import algorithm_of, create_policy, export
 from common.seeding import env_seeds
+from common.sources import get_source
 from workers import live_envs
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
@@ -145,7 +146,7 @@ class Collector:
         self._rng = np.random.default_rng(int(task.get("seed", 0)))
         self._env, self._spec, self._policy = live.env, live.spec, live.policy
         self._algorithm = algorithm_of(cfg)
-        self._on_policy = self._algorithm.data_source == "on_policy"
+        self._source = get_source(self._algorithm.data_source)  # what to do with rows and after a chunk
         # Image fields travel as distinct frames (common/frames.py), compressed per the config.
         self._framed = frames.framed_fields(self._spec, self._policy.schema()) if not self._eval else []
         self._codec = chunk_codec.resolve(str(cfg.policy.collect.collector.compression), self._spec.obs_kind == "image")
@@ -242,8 +243,8 @@ class Collector:
         budget = int(c.task_env_steps)
         deadline = time.monotonic() + float(c.task_max_seconds)
         adder = self._policy.make_adder(self._env_num, setting)
-        # On-policy rows go out as soon as the adder emits a rollout: its version is current now.
-        chunk = ChunkBuilder(1 if self._on_policy else int(cfg.policy.collect.n_sample))
+        # Rows a source needs whole (on-policy: one version's rollout) go out as the adder emits them.
+        chunk = ChunkBuilder(1 if self._source.chunk_rows == "emitted" else int(cfg.policy.collect.n_sample))
         stats = live.episodes
         stats.new_task()
         if live.obs is None:  # the run's first task on these envs
@@ -272,7 +273,7 @@ class Collector:
             newer = self._comm.flush()
             self._follow_setting(setting)
             # On-policy data is only useful from the version the learner trains next: wait for it.
-            if self._on_policy and not self._comm.stop_flag and steps < budget:
+            if self._source.waits_for_new_version and not self._comm.stop_flag and steps < budget:
                 newer = self._comm.wait_for_policy_update(float(c.policy_wait_s))
             if newer:
                 self._refresh_policy()
