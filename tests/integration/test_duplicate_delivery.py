@@ -18,7 +18,7 @@ from workers.comm_collector import RedisCommCollector
 from workers.comm_learner import BufferReader
 from workers.replay_buffer import ReplayBuffer
 
-pytestmark = pytest.mark.redis_server
+pytestmark = [pytest.mark.redis_server, pytest.mark.every_redis]
 
 EXP = "dup_exp"
 BUF = "buffer_dup"
@@ -126,3 +126,25 @@ def test_distinct_chunks_still_all_delivered(real_redis):
     assert len(buf) == 12 and reader.chunks == 3 and reader.duplicates == 0
     assert int(real_redis.get(keys.envstep(EXP))) == 12
     assert stats(real_redis)["produced"] == 3 and "resent" not in stats(real_redis)
+
+
+def test_orphans_trimmed_from_the_stream_are_counted_once_on_every_redis(real_redis):
+    """A dead learner's unacked entries whose stream entries were trimmed (MAXLEN) meanwhile: Redis
+    7 drops them from the pending list when XAUTOCLAIM meets them, 6.2 keeps them pending for ever
+    and answers nil; either way the next learner acks them and counts them as ``trimmed`` once."""
+    stream = keys.buffer_meta(EXP, BUF)
+    real_redis.set(keys.lease(EXP, LEARNER), "1")
+    streams.ensure_group(real_redis, stream, keys.LEARNER_GROUP)
+    for i in range(4):
+        real_redis.set(keys.data(EXP, f"c_{i}"), serialization.dumps(chunk(3, float(i))), ex=600)
+        add_entry(real_redis, f"c_{i}", 3)
+    dead = streams.read_group(real_redis, stream, keys.LEARNER_GROUP, "learner_task_dead", 100, 10)
+    assert len(dead) == 4
+    real_redis.xtrim(stream, maxlen=1, approximate=False)  # the first three entries are gone
+    reader, buf = reader_on(real_redis)
+    reader._claim_orphans()
+    assert len(buf) == 3 and reader.chunks == 1 and reader.trimmed == 3
+    assert real_redis.xpending(stream, keys.LEARNER_GROUP)["pending"] == 0
+    assert stats(real_redis) == {"consumed": 1, "env_steps": 3, "trimmed": 3}
+    reader._claim_orphans()  # a second pass finds nothing more to count
+    assert stats(real_redis)["trimmed"] == 3 and reader.trimmed == 3

@@ -33,7 +33,10 @@ def _orphans(marker: str) -> list[str]:
     return found
 
 
-def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
+@pytest.mark.every_redis
+def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_exe, monkeypatch):
+    """The main job, on every redis-server version here (``rqrl train`` starts its own)."""
+    monkeypatch.setenv("RQRL_REDIS_SERVER", redis_exe)
     exp = f"e2e_{os.getpid()}"
     # Short collector tasks, so some finish (and log collector scalars) before convergence.
     res = _rqrl("train", CONFIG, "--set", f"exp_name={exp}", "--set", "env.stop_value=150", "--seed", "1",
