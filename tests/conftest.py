@@ -27,6 +27,15 @@ REPO = Path(__file__).resolve().parents[1]
 REDIS_SERVERS = redis_servers()
 
 
+def newest_env_id(family: str) -> str:
+    """The newest registered version of a gymnasium env family (``"Taxi"`` -> ``"Taxi-v4"`` on
+    gymnasium 1.2+, ``"Taxi-v3"`` on 1.1), so the suite runs on every gymnasium it admits."""
+    import gymnasium
+
+    versions = [int(k.rpartition("-v")[2]) for k in gymnasium.registry if k.rpartition("-v")[0] == family]
+    return f"{family}-v{max(versions)}"
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test marked ``every_redis`` that uses ``redis_exe`` (``redis_server``, ``real_redis``)
     runs once per distinct redis-server version found (ids ``redis-6.2.14``, ``redis-7.0.15``)."""

@@ -15,6 +15,7 @@ import gymnasium  # noqa: F401  (pre-import for forked work-horses)
 import gymnasium.envs.classic_control  # noqa: F401
 import tensorboard.compat.proto.event_pb2  # noqa: F401  (the learner's TensorBoard writer)
 import tensorboard.summary.writer.event_file_writer  # noqa: F401
+import redis
 import torch  # noqa: F401
 from rq.worker import Worker
 
@@ -35,3 +36,12 @@ class PreloadWorker(Worker):
         if connection is not None:
             connection = with_retries(connection)
         super().__init__(*args, connection=connection, **kwargs)
+
+    def _set_ip_address(self, connection: Any) -> None:
+        """The worker's address from ``CLIENT INFO``, as rq 3 reads it: rq 2.12 reads ``CLIENT
+        LIST``, which the least-privilege ACL user (deploy/redis/users.acl.example) may not run."""
+        try:
+            connection.client_setname(self.name)
+            self.ip_address = str(connection.client_info()["addr"])
+        except redis.ResponseError:
+            super()._set_ip_address(connection)
