@@ -329,8 +329,10 @@ def put_checkpoint(conn: redis.Redis, exp: str, name: str, payload: bytes, train
         common.scripts.LeaseRevoked: ``lease_key`` is given and gone.
     """
     meta = {"train_iter": train_iter, "ts": round(time.time(), 3), "format": "torch"}
+    # A replica takes a checkpoint at well over 20 MB/s: past that something is wrong with it.
     return write_replicated(conn, lambda c: blobstore.put_versioned(c, keys.ckpt(exp, name), payload, train_iter,
-                                                                     meta=meta, lease_key=lease_key))[1]
+                                                                     meta=meta, lease_key=lease_key),
+                            timeout_s=max(1.0, len(payload) / 20e6))[1]
 
 
 def save_checkpoint(conn: redis.Redis, exp: str, name: str, state: dict[str, Any], train_iter: int,
