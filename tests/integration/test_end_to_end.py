@@ -33,10 +33,7 @@ def _orphans(marker: str) -> list[str]:
     return found
 
 
-@pytest.mark.every_redis
-def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_exe, monkeypatch):
-    """The main job, on every redis-server version here (``rqrl train`` starts its own)."""
-    monkeypatch.setenv("RQRL_REDIS_SERVER", redis_exe)
+def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     exp = f"e2e_{os.getpid()}"
     # Short collector tasks, so some finish (and log collector scalars) before convergence.
     res = _rqrl("train", CONFIG, "--set", f"exp_name={exp}", "--set", "env.stop_value=150", "--seed", "1",
