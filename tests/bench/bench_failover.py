@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from common import keys, streams
 from common.connection import connect
 from tests.bench.stats import spread
@@ -107,9 +109,18 @@ def one_run(seed: int, failover: bool, workdir: Path) -> dict[str, Any]:
                 out["death_to_first_chunk_s"] = (round(int(after_kill[0][0].decode().split("-")[0]) / 1000 - killed_at, 3)
                                                  if after_kill else None)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+            if proc.poll() is None:  # the launcher and what it forked (their own sessions)
+                forked = psutil.Process(proc.pid).children(recursive=True)
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                for child in forked:
+                    try:
+                        child.kill()
+                    except psutil.NoSuchProcess:
+                        pass
     return out
 
 
