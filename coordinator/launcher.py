@@ -334,7 +334,9 @@ class Launcher:
             url = self.embedded.url
             print(f"started a private redis-server at {url}", file=sys.stderr)
         self.url = url
-        env = {"RQRL_REDIS_URL": url, "RQ_REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
+        # RQ's --connection-class: `rq worker` then takes rqrl's URLs (redis+sentinel:// too) and retries.
+        env = {"RQRL_REDIS_URL": url, "RQ_REDIS_URL": url, "RQ_CONNECTION_CLASS": "common.connection.RQConnection",
+               "PYTHONUNBUFFERED": "1"}
         # Modules beside the config file or in the cwd (custom envs, env.import_names) import in every child.
         extra = [str(Path(self.config_path).resolve().parent), os.getcwd()]
         env["PYTHONPATH"] = os.pathsep.join([*extra, *filter(None, [os.environ.get("PYTHONPATH", "")])])

@@ -12,7 +12,7 @@ from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from common import events, keys, phases, streams
-from common.connection import RedisUnavailable, connect_checked
+from common.connection import RedisUnavailable, connect_checked, is_sentinel, primary_address, server_version
 from common.redis_memory import memory_info
 from coordinator.runs import list_runs
 
@@ -41,11 +41,15 @@ def _learner_figures(conn: redis.Redis, exp: str) -> dict[str, Any]:
 
 
 def _memory(conn: redis.Redis) -> dict[str, Any]:
-    """Redis memory: used / maxmemory (bytes), policy, and whether writes are refused (full)."""
+    """Redis: its version, memory used / maxmemory (bytes), policy, whether writes are refused
+    (full), and through Sentinel the primary's address."""
     try:
         mem = memory_info(conn)
+        mem["version"] = server_version(conn)
     except redis.ResponseError:  # INFO refused by an ACL
         return {}
+    if is_sentinel(conn):
+        mem["primary"] = primary_address(conn)
     mem["full"] = bool(mem["max"]) and mem["used"] >= mem["max"]
     return mem
 
@@ -108,8 +112,10 @@ def render(status: dict[str, Any]) -> str:
     mem = status.get("redis") or {}
     if mem:
         cap = f"{mem['max'] / 2**20:.1f} MB" if mem["max"] else "no limit"
-        lines.append(f"redis       used {mem['used'] / 2**20:.1f} MB / maxmemory {cap}, {mem['policy']}"
+        lines.append(f"redis {mem['version']:<6}  used {mem['used'] / 2**20:.1f} MB / maxmemory {cap}, {mem['policy']}"
                      + ("  FULL: writes refused" if mem["full"] else ""))
+        if mem.get("primary"):
+            lines.append(f"redis primary {mem['primary']} (found through Sentinel)")
     if not status["runs"]:
         lines.append("no runs in this Redis")
     for e, info in status["runs"].items():
