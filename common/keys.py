@@ -14,6 +14,7 @@ built by hand without ``run_name`` uses ``{exp_name}`` alone)::
     rqrl:{exp}:envstep                       counter: env steps sent by all collectors (replay-ratio limiter)
     rqrl:{exp}:commander                     hash: commander summary for ``rqrl status``
     rqrl:{exp}:stop                          string: why the run stopped; absent while running
+    rqrl:{exp}:phases                        hash: phase name -> unix seconds (launch, first train step, ...)
     rqrl:{exp}:run                           string: id of the current run (tasks of older runs exit)
     rqrl:{exp}:coordinator                   string with a TTL: the live coordinator's name
     rqrl:{exp}:buffer:{buffer_id}:stats      hash: produced / resent / consumed / expired / corrupt / malformed / duplicate chunks, env steps
@@ -168,6 +169,12 @@ def commander(exp: str) -> str:
 def stop(exp: str) -> str:
     """Stop flag: present (value = reason) once the run must end."""
     return f"{exp_prefix(exp)}:stop"
+
+
+def phases(exp: str) -> str:
+    """The run's phase timestamps (hash: phase name -> unix seconds), each written by the process
+    that passed the phase (common/phases.py)."""
+    return f"{exp_prefix(exp)}:phases"
 
 
 def run(exp: str) -> str:

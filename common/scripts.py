@@ -49,7 +49,8 @@ return {1, counter, pol[1], pol[2], redis.call('EXISTS', KEYS[7]), '', setting}
 """
 
 # KEYS: lease, meta stream, buffer stats
-# ARGV: group, then per entry: id, data key ('' for none), env_steps, status
+# ARGV: group, then per entry: id, data key ('' for none), env_steps, status (consumed, expired,
+# corrupt, malformed, duplicate, trimmed)
 # -> per entry 1 (first ack: counted under status) or 0 (a duplicate: counted as `duplicate`);
 #    or {-1} when the lease is gone.
 # An entry is a duplicate when its id was acked already (a re-delivery) or when its chunk was
@@ -62,6 +63,9 @@ local out = {}
 for i = 2, #ARGV, 4 do
   local acked = redis.call('XACK', KEYS[2], ARGV[1], ARGV[i])
   local key, status = ARGV[i + 1], ARGV[i + 3]
+  -- A 'trimmed' entry (its stream entry is gone) may have left the pending list already: Redis 7's
+  -- XAUTOCLAIM drops it and names it to that one caller, so it is counted here once either way.
+  if status == 'trimmed' then acked = 1 end
   if acked == 1 and status == 'consumed' and redis.call('EXISTS', key) == 1 and redis.call('STRLEN', key) == 0 then
     status = 'duplicate'
   end

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fresh", action="store_true",
                     help="start a new run even if an unfinished run of this experiment and seed is in Redis "
                          "(default: resume it)")
+    ap.add_argument("--done-fd", type=int, default=None, help=argparse.SUPPRESS)  # rqrl train's pipe (Coordinator)
     return ap
 
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh, run_name=args.run_name,
-                           resume=args.resume, started_at=args.started_at).run()
+                           resume=args.resume, started_at=args.started_at, done_fd=args.done_fd).run()
     except CoordinatorError as e:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1

@@ -243,7 +243,9 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     for line in notes:
         print(f"note: {line}", file=sys.stderr)
 
-    if spec is not None and algorithm_of(cfg).data_source == "replay":
+    from common.sources import get_source
+
+    if spec is not None and get_source(algorithm_of(cfg).data_source).replay_buffer:
         from common import memory_budget
 
         schema = create_policy(cfg, spec, modes=("collect",), device="cpu").schema()

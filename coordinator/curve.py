@@ -258,21 +258,32 @@ def evals_from_folder(run_dir: Path) -> tuple[list[dict[str, Any]], Optional[flo
 
 
 def events_trimmed(conn: Any, exp: str) -> str:
-    """Why ``rqrl:{exp}:events`` no longer holds the whole run ("" when nothing was removed)."""
+    """Why ``rqrl:{exp}:events`` no longer holds the whole run ("" when nothing was removed).
+
+    Redis 7 counts every entry ever added (``XINFO STREAM``'s ``entries-added``), so any
+    removal, by ``XTRIM``/``MAXLEN`` or ``XDEL``, shows as fewer entries than were added.
+    (``max-deleted-entry-id`` is no guide: 7.0 moves it on ``XDEL`` only, never on a trim.)
+    Redis 6.2 has no such count: there the stream's first entry is compared with the run's
+    start time, which it follows within seconds when nothing was removed.
+    """
     import redis
 
     from common import keys
 
     stream = keys.events(exp)
     try:
-        deleted = conn.xinfo_stream(stream).get("max-deleted-entry-id")  # Redis >= 7
+        info = conn.xinfo_stream(stream)
     except redis.ResponseError:  # no stream, or XINFO denied
-        deleted = None
-    if deleted is not None:
-        deleted = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
-        return "" if deleted in ("0-0", "0") else \
-            f"{stream} was trimmed (entries up to {deleted} removed): evals before that are missing"
-    # Redis 6: the first event of a run comes within seconds of its start (coordinator state t0).
+        info = {}
+    added = info.get("entries-added")
+    if added is not None:  # Redis >= 7.0
+        removed = int(added) - int(info.get("length", 0))
+        if removed <= 0:
+            return ""
+        first = info.get("recorded-first-entry-id")
+        first = first.decode() if isinstance(first, bytes) else str(first)
+        return (f"{stream} was trimmed ({removed} of {int(added)} entries removed; it now starts at {first}): "
+                "evals before that are missing")
     import json
 
     state, first = conn.hget(keys.commander(exp), "state"), conn.xrange(stream, count=1)

@@ -52,7 +52,8 @@ from redis.lock import Lock
 from rq import Queue, worker_registration
 from rq.job import Callback, Job, JobStatus
 
-from common import blobstore, events, keys, lease, serialization, streams
+from common import blobstore, events, keys, lease, phases, serialization, streams
+from common.connection import primary_changes
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
@@ -170,10 +171,13 @@ class Coordinator:
         started_at: unix seconds where the run's clock starts (``rqrl train`` passes its launch,
             so its progress line and summary.json count the same seconds); default now. A run
             resumed from its folder counts on from its earlier wall seconds.
+        done_fd: the write end of a pipe (``rqrl train``): the exit code is written there and it is
+            closed once summary.json and final.pt are written, before curve.png is drawn.
     """
 
     def __init__(self, cfg: EasyDict, conn: redis.Redis, out_dir: Path | str = ".", fresh: bool = False,
-                 run_name: Optional[str] = None, resume: bool = False, started_at: Optional[float] = None) -> None:
+                 run_name: Optional[str] = None, resume: bool = False, started_at: Optional[float] = None,
+                 done_fd: Optional[int] = None) -> None:
         if resume and (fresh or not run_name):
             raise CoordinatorError("resuming needs the run's name and excludes --fresh")
         self.cfg = cfg
@@ -228,6 +232,8 @@ class Coordinator:
         self._ckpt_on_disk = -1  # version (train_iter) of the checkpoint copied to the run folder
         self._setting_sent = ""  # the collect setting last written to rqrl:{exp}:collect_setting (JSON)
         self._next_setting = 0.0
+        self._done_fd = done_fd
+        self.failovers: list[dict[str, Any]] = []  # Redis primary changes seen through Sentinel
 
     # ------------------------------------------------------------------ lifecycle
     def _pick_run_name(self) -> str:
@@ -410,6 +416,49 @@ class Coordinator:
         self._drop_leases.clear()
         return pipe
 
+    def _follow_failover(self) -> None:
+        """After a Sentinel failover, write again what the promoted replica may lack.
+
+        Replication is asynchronous: the old primary's last writes (~ms of them) may not have
+        reached the replica. What this coordinator wrote it still holds and writes again: the
+        ownership key, the run id, every running task's record and write lease, the commander
+        state and the eval results (from the run folder's ``evals.jsonl``). The newest events
+        may be gone too; if the last one read is, reading goes on from the newest one left (it
+        was lost, not trimmed). Lost task events heal through liveness: a task whose
+        ``finished`` was lost is declared dead when its heartbeat stops, and replaced.
+        """
+        changes = primary_changes(self.conn)
+        if len(changes) == len(self.failovers):
+            return
+        for ch in changes[len(self.failovers):]:
+            self.log.warning("Redis failover: primary %s -> %s (Sentinel); writing the run's records again on the "
+                             "new primary", ch["from"], ch["to"])
+        self.failovers = changes
+        # Heartbeats written during the failover were refused: give every task one period to beat again.
+        self._grace_until = time.monotonic() + float(self.cfg.commander.heartbeat_timeout)
+        c = self.cfg.commander
+        stream = keys.events(self.exp)
+        streams.ensure_group(self.conn, stream, keys.COORDINATOR_GROUP, start_id="0")
+        if self._last_event_id and not self.conn.xrange(stream, min=self._last_event_id, max=self._last_event_id):
+            older = self.conn.xrevrange(stream, max=self._last_event_id, count=1)
+            self.log.warning("the last event read (%s) was lost with the old primary", self._last_event_id)
+            self._last_event_id = older[0][0].decode() if older else ""
+        pipe = self.conn.pipeline(transaction=True)
+        pipe.set(keys.run(self.exp), self.run_id)
+        pipe.sadd(keys.runs(), self.exp)
+        for tid, entry in self.running.items():
+            timeout = int(c.learner_job_timeout if entry["kind"] == "learner" else c.collector_job_timeout)
+            lease.grant(pipe, self.exp, tid, timeout + 3600)
+        self._dirty.update(self.running)
+        evals = self.out / "evals.jsonl"
+        lines = [ln for ln in evals.read_text().splitlines() if ln.strip()] if evals.is_file() else []
+        pipe.delete(keys.evals(self.exp))
+        if lines:
+            pipe.rpush(keys.evals(self.exp), *lines)
+        self._persist(pipe).execute()
+        self._keep_alive()  # the ownership key: re-set, or taken back if it is gone
+        self._write_summary(running=True)
+
     def _keep_alive(self) -> None:
         if not self.conn.exists(keys.run(self.exp)):
             raise CoordinatorError(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
@@ -475,6 +524,7 @@ class Coordinator:
             if self._fatal:
                 return EXIT_ERROR, self._fatal
             self._apply_dead()
+            self._follow_failover()
             self._dispatch()  # refill freed slots before the periodic checks below
             now = time.time()
             if now >= self._next_setting:
@@ -628,12 +678,14 @@ class Coordinator:
                 if ev.get("eval_flag") is True:
                     self._new_evals.append(eval_record(ev, self.run_id, self.commander.total_envstep,
                                                        time.time() - self._t0))
+                    self._note_eval_phase(ev)
                 return converged
             if int(entry["task"].get("rank", 0)) != 0:
                 return False  # rank 0 of a learner group reports for the group
-            self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "pushed", "chunks",
-                                                     "expired", "corrupt", "malformed", "stale_chunks", "stale_rows",
-                                                     "policy_lag_p50", "policy_lag_p95", "policy_lag_max") if k in ev}
+            self.learner_final = {k: ev[k] for k in ("wait_share", "train_iter_per_sec", "train_s", "sched_wait_share",
+                                                     "cpu_s", "pushed", "chunks", "expired", "corrupt", "malformed",
+                                                     "redelivered", "stale_chunks", "stale_rows", "policy_lag_p50",
+                                                     "policy_lag_p95", "policy_lag_max") if k in ev}
             self.learner_last = {"train_iter": int(ev.get("train_iter", 0)), "envstep": int(ev.get("collector_envstep", 0))}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
@@ -641,6 +693,19 @@ class Coordinator:
             if ev.get("fatal") is True:  # a replacement would fail the same way (e.g. NaN weights)
                 self._fatal = f"{kind} task {tid} failed: {ev.get('error', 'unknown error')}"
         return False
+
+    def _note_eval_phase(self, ev: dict[str, Any]) -> None:
+        """Phases ``first_eval``, ``passing_eval`` (an eval reaching stop_value: the last one before
+        the run converges is the one confirmed) and ``confirmation``, at this eval's receipt."""
+        now, stop_value = time.time(), self.cfg.env.stop_value
+        reward = events.episode_figure(ev, "reward_mean")  # None: the eval finished no episode
+        pipe = self.conn.pipeline(transaction=False)
+        phases.record(pipe, self.exp, "first_eval", now)
+        if ev.get("confirmation") is True:
+            phases.record(pipe, self.exp, "confirmation", now, first_only=False)
+        elif stop_value is not None and reward is not None and reward >= float(stop_value):
+            phases.record(pipe, self.exp, "passing_eval", now, first_only=False)
+        pipe.execute()
 
     def _fail(self, tid: str, reason: str) -> None:
         entry = self.running.pop(tid)
@@ -806,6 +871,11 @@ class Coordinator:
                        run_id=self.run_id, coordinator=self.name,
                        collector_workers=self.collector_workers,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
+        if self.failovers:  # one line per Sentinel failover seen (summary fields are scalars)
+            summary["redis_failovers"] = len(self.failovers)
+            summary["redis_failover"] = "; ".join(
+                f"primary {f['from']} -> {f['to']} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(f['time']))}"
+                for f in self.failovers)
         mapping = streams.encode_fields(summary)
         if running:
             self.conn.hset(keys.commander(self.exp), mapping=mapping)
@@ -834,10 +904,6 @@ class Coordinator:
             # DEL needs no memory: without their leases the tasks stop at their next write.
             lease.revoke(self.conn, self.exp, *self.running)
         self._best_effort("cancel queued tasks", self._cancel_queued)
-        # Importing matplotlib and drawing take a second or two: overlap them with the wait below.
-        curve: dict[str, Optional[Path]] = {}
-        plotter = threading.Thread(target=lambda: curve.update(path=self._plot_curve()), daemon=True)
-        plotter.start()
         timeout = float(self.cfg.commander.finish_timeout)
         if code == EXIT_INTERRUPTED or self._oom:
             timeout = min(timeout, 10.0)
@@ -860,9 +926,10 @@ class Coordinator:
             learner["events_lost"] = self.events_lost
         summary = self._write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",
                                       **self._at_stop, **learner)
+        summary["phases"] = self._phases_at_end()
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        plotter.join(timeout=60)
+        _write_atomic(self.out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+        curve = self._curve_to_draw()
         lines = [
             f"rqrl {self.exp}: {reason}",
             f"  wall time      {summary['wall_seconds']:.1f} s",
@@ -873,9 +940,48 @@ class Coordinator:
                 f" (policy version {summary.get('final_policy_version')}"
                 + (", the weights the converging eval played)" if summary.get("final_eval_task") else ")")
                 if final else ""),
-            f"  curve          {curve.get('path') or 'no evaluations'}",
+            f"  curve          {curve or 'no evaluations'}",
+            f"  phases         {phases.render(summary['phases'])}",
         ]
         print("\n".join(lines), flush=True)
+        self._signal_done(code)
+        if curve is not None:  # after the summary: rqrl train does not wait for the plot
+            self._plot_curve()
+
+    def _phases_at_end(self) -> dict[str, float]:
+        """Record phase ``final_pt`` (final.pt is written, summary.json is next) and return the
+        run's phases for summary.json (common/phases.py); what Redis cannot give is left out."""
+        self._best_effort("record phase final_pt", phases.record, self.conn, self.exp, "final_pt")
+        try:
+            return phases.read(self.conn, self.exp)
+        except redis.RedisError as e:
+            self.log.warning("could not read the run's phases: %s", e)
+            return {}
+
+    def _signal_done(self, code: int) -> None:
+        """Tell ``rqrl train`` (``done_fd``) that summary.json and final.pt are written: the exit code, then EOF."""
+        if self._done_fd is None:
+            return
+        try:
+            os.write(self._done_fd, f"{code}\n".encode())
+        except OSError:  # rqrl train is gone: nobody to tell
+            pass
+        finally:
+            os.close(self._done_fd)
+            self._done_fd = None
+
+    def _curve_to_draw(self) -> Optional[Path]:
+        """Where :meth:`_plot_curve` will draw curve.png after the summary, or None when it has
+        nothing to draw (no eval in ``evals.jsonl``, or none that finished an episode)."""
+        from coordinator.curve import evals_from_folder, without_reward
+
+        if not (self.out / "evals.jsonl").is_file():
+            return None
+        try:
+            points, _, _ = evals_from_folder(self.out)
+        except Exception:  # noqa: BLE001 - _plot_curve meets the same problem and logs it
+            return None
+        return self.out / "curve.png" if len(points) > without_reward(points) else None
 
     def _plot_curve(self) -> Optional[Path]:
         """The run folder's ``curve.png``: eval reward against env steps and the run's wall clock,

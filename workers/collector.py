@@ -12,8 +12,9 @@ blob compressed per ``collector.compression``, common/chunk_codec.py; tagged wit
 version that produced them), refreshes its weights whenever the learner publishes a newer
 version (on-policy algorithms wait for it after each chunk), and ends after ``task_env_steps``
 env steps, ``task_max_seconds`` or at the stop flag. An eval task (``eval_flag``) resets its
-eval envs with its own seeds, plays ``env.n_evaluator_episode`` episodes (at most
-``policy.eval.evaluator.max_env_steps`` env steps), counts each exactly once and sends no
+eval envs with its own seeds, plays ``env.n_evaluator_episode`` episodes (a confirming eval
+its ``eval_episodes``), each started on whichever eval env is free, at most
+``policy.eval.evaluator.max_env_steps`` env steps, counts each exactly once and sends no
 training data. Both report the seed's finish info.
 """
 
@@ -33,6 +34,7 @@ from easydict import EasyDict
 from common import chunk_codec, events, frames, keys, spaces
 from common.policy import algorithm_of, create_policy, export
 from common.seeding import env_seeds
+from common.sources import get_source
 from workers import live_envs
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
@@ -144,7 +146,7 @@ class Collector:
         self._rng = np.random.default_rng(int(task.get("seed", 0)))
         self._env, self._spec, self._policy = live.env, live.spec, live.policy
         self._algorithm = algorithm_of(cfg)
-        self._on_policy = self._algorithm.data_source == "on_policy"
+        self._source = get_source(self._algorithm.data_source)  # what to do with rows and after a chunk
         # Image fields travel as distinct frames (common/frames.py), compressed per the config.
         self._framed = frames.framed_fields(self._spec, self._policy.schema()) if not self._eval else []
         self._codec = chunk_codec.resolve(str(cfg.policy.collect.collector.compression), self._spec.obs_kind == "image")
@@ -241,8 +243,8 @@ class Collector:
         budget = int(c.task_env_steps)
         deadline = time.monotonic() + float(c.task_max_seconds)
         adder = self._policy.make_adder(self._env_num, setting)
-        # On-policy rows go out as soon as the adder emits a rollout: its version is current now.
-        chunk = ChunkBuilder(1 if self._on_policy else int(cfg.policy.collect.n_sample))
+        # Rows a source needs whole (on-policy: one version's rollout) go out as the adder emits them.
+        chunk = ChunkBuilder(1 if self._source.chunk_rows == "emitted" else int(cfg.policy.collect.n_sample))
         stats = live.episodes
         stats.new_task()
         if live.obs is None:  # the run's first task on these envs
@@ -271,7 +273,7 @@ class Collector:
             newer = self._comm.flush()
             self._follow_setting(setting)
             # On-policy data is only useful from the version the learner trains next: wait for it.
-            if self._on_policy and not self._comm.stop_flag and steps < budget:
+            if self._source.waits_for_new_version and not self._comm.stop_flag and steps < budget:
                 newer = self._comm.wait_for_policy_update(float(c.policy_wait_s))
             if newer:
                 self._refresh_policy()
@@ -299,10 +301,12 @@ class Collector:
         cfg = self._cfg
         ev = cfg.policy.eval.evaluator
         n_episode = int(self._task.get("eval_episodes") or cfg.env.n_evaluator_episode)
-        # Fixed per-env quotas: counting "the first N episodes to finish" would favour short ones.
-        quota = np.full(self._env_num, n_episode // self._env_num)
-        quota[: n_episode % self._env_num] += 1
-        done_count = np.zeros(self._env_num, np.int64)
+        # Episodes start on whichever env is free, the first n_episode started count, and each of
+        # them plays to its end: the episodes spread over the envs (none idles while another has
+        # several left to play, as with fixed per-env quotas), and whether an episode counts never
+        # depends on how it turns out ("the first N to finish" would favour short ones).
+        counting = np.arange(self._env_num) < n_episode  # the env's current episode counts
+        started = int(counting.sum())
         stats = self._live.episodes
         stats.new_task()
         # Every eval plays fresh episodes from its own seeds, on envs built once per run.
@@ -310,8 +314,8 @@ class Collector:
         stats.restart()
         steps = 0
         cap = int(ev.max_env_steps)
-        deadline = time.time() + float(ev.max_episode_seconds) * max(1, quota.max())
-        while (done_count < quota).any():
+        deadline = time.time() + float(ev.max_episode_seconds) * max(1, -(-n_episode // self._env_num))
+        while counting.any():
             if self._comm.poll_stop() or time.time() > deadline:
                 break
             if cap and steps >= cap:
@@ -321,10 +325,12 @@ class Collector:
             obs, reward, terminated, truncated, _ = step(self._env, cfg.env.env_id, env_action)
             check_finite(cfg.env.env_id, reward, *([obs] if self._spec.obs_kind == "box" else []))
             done = terminated | truncated
-            counts = done_count < quota
-            stats.step(reward, done, counts)
-            done_count += (done & counts).astype(np.int64)
-            steps += int(counts.sum())
+            stats.step(reward, done, counting)
+            steps += int(counting.sum())
+            # The vector env has reset these envs (autoreset): their next episodes start now.
+            for i in np.flatnonzero(done & counting):
+                counting[i] = started < n_episode
+                started += int(counting[i])
         return steps
 
 

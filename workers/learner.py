@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -38,13 +39,15 @@ import redis
 import torch
 from easydict import EasyDict
 
-from common import events, keys, spaces
+from common import events, keys, phases, serialization, spaces
 from common.device import pick_device
 from common.finite import check_train_step
 from common.logs import ShippedScalars, build_logger, build_tb_writer, close_logger, shipped_logger
 from common.policy import Policy, algorithm_of, create_policy, export
 from common.registry import LEARNER_REGISTRY, import_names
-from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
+from common.connection import is_sentinel
+from common.finite import check_arrays
+from workers.comm_learner import BufferReader, checkpoint_bytes, load_checkpoint, put_checkpoint, put_policy
 from workers.ddp import LearnerGroup, join
 from workers.learner_hooks import LearnerHook, build_hooks
 from workers.sources import create_source
@@ -55,22 +58,47 @@ class CheckpointStore:
     """Where a learner's checkpoints go: Redis (parallel mode) or files (when no Redis is given).
 
     ``writable`` False: loads only (ranks other than 0 of a learner group, workers/ddp.py, whose
-    state is rank 0's; rank 0 alone saves).
+    state is rank 0's; rank 0 alone saves). Through Sentinel the bytes of the last save of each
+    name are kept, so :meth:`resave` can put them back on a new primary after a failover (one
+    copy of each checkpoint in memory).
     """
 
     def __init__(self, conn: Optional[redis.Redis], exp: str, ckpt_dir: Path, lease_key: Optional[str] = None,
-                 writable: bool = True) -> None:
+                 writable: bool = True, logger: Optional[logging.Logger] = None) -> None:
         self._conn, self._exp, self._dir, self._lease = conn, exp, ckpt_dir, lease_key
         self._writable = writable
+        self.logger = logger
+        self._keep = conn is not None and is_sentinel(conn)
+        self._last: dict[str, tuple[bytes, int]] = {}  # name -> (bytes, train_iter), kept through Sentinel
+        self._lock = threading.Lock()  # a save on the trainer thread vs a resave after a failover
 
     def save(self, name: str, state: dict[str, Any], train_iter: int) -> None:
         if not self._writable:
             return
         if self._conn is not None:
-            save_checkpoint(self._conn, self._exp, name, state, train_iter, lease_key=self._lease)
+            payload = checkpoint_bytes(state, f"checkpoint {keys.ckpt(self._exp, name)} at train iter {train_iter}")
+            with self._lock:
+                self._put(name, payload, train_iter)
+                if self._keep:
+                    self._last[name] = (payload, train_iter)
         else:
             self._dir.mkdir(parents=True, exist_ok=True)
             torch.save(state, self._dir / f"{name}.pth")
+
+    def _put(self, name: str, payload: bytes, train_iter: int) -> None:
+        acked = put_checkpoint(self._conn, self._exp, name, payload, train_iter, lease_key=self._lease)
+        if acked == 0 and self.logger is not None:
+            self.logger.warning("checkpoint %s (train iter %d) is not on a replica yet (WAIT timed out)",
+                                 keys.ckpt(self._exp, name), train_iter)
+
+    def resave(self) -> None:
+        """Write the last saved checkpoints again (after a failover: the new primary may lack them)."""
+        with self._lock:
+            for name, (payload, train_iter) in self._last.items():
+                self._put(name, payload, train_iter)
+                if self.logger is not None:
+                    self.logger.warning("checkpoint %s (train iter %d) written again after the failover",
+                                         keys.ckpt(self._exp, name), train_iter)
 
     def load(self, name: str, device: torch.device) -> Optional[dict[str, Any]]:
         if self._conn is not None:
@@ -317,19 +345,73 @@ def create_learner(cfg: EasyDict, **kwargs: Any) -> BaseLearner:
     return LEARNER_REGISTRY.build(ltype, cfg.policy.learn.learner, **kwargs)
 
 
+class PolicyPublisher:
+    """Publishes collector weights (:func:`~workers.comm_learner.put_policy`) and keeps the last
+    publication's bytes, so :meth:`republish` can put the newest version back on a new primary
+    after a failover (from the buffer reader's thread: bytes only, no torch)."""
+
+    def __init__(self, conn: redis.Redis, exp: str, policy_id: str, lease_key: str) -> None:
+        self._conn, self._exp, self._policy_id, self._lease = conn, exp, policy_id, lease_key
+        self._last: Optional[tuple[bytes, int, int, int]] = None  # payload, version, envstep_limit, envstep
+        self._lock = threading.Lock()
+
+    def publish(self, weights: dict[str, Any], train_iter: int, envstep_limit: int, envstep: int) -> None:
+        check_arrays(weights, f"policy version {train_iter} for {keys.policy(self._exp, self._policy_id)}")
+        payload = serialization.dumps(weights)
+        with self._lock:
+            self._last = (payload, train_iter, int(envstep_limit), int(envstep))
+            put_policy(self._conn, self._exp, self._policy_id, payload, train_iter, envstep_limit, self._lease, envstep)
+
+    def republish(self) -> Optional[int]:
+        """Publish the last version again; returns it (None when nothing was published yet)."""
+        with self._lock:
+            if self._last is None:
+                return None
+            payload, version, limit, envstep = self._last
+            put_policy(self._conn, self._exp, self._policy_id, payload, version, limit, self._lease, envstep)
+            return version
+
+
 class PublishPolicyHook(LearnerHook):
     """Publish collector weights before the run and every ``send_policy_freq`` iterations."""
 
-    def __init__(self, conn: redis.Redis, exp: str, policy_id: str, position: str, freq: int,
-                 envstep_limit: Callable[[int], int], lease_key: str) -> None:
+    def __init__(self, publisher: PolicyPublisher, position: str, freq: int,
+                 envstep_limit: Callable[[int], int]) -> None:
         super().__init__(f"publish_policy_{position}", position, priority=30, freq=freq)
-        self._conn, self._exp, self._policy_id, self._limit = conn, exp, policy_id, envstep_limit
-        self._lease = lease_key
+        self._publisher, self._limit = publisher, envstep_limit
 
     def __call__(self, learner: BaseLearner) -> None:
-        publish_policy(self._conn, self._exp, self._policy_id, learner.policy.get_weights(),
-                       learner.train_iter, self._limit(learner.train_iter), lease_key=self._lease,
-                       envstep=learner.collector_envstep)
+        self._publisher.publish(learner.policy.get_weights(), learner.train_iter, self._limit(learner.train_iter),
+                                learner.collector_envstep)
+
+
+class PhaseHook(LearnerHook):
+    """Note when the hook first runs (:attr:`at`, unix seconds), e.g. ``first_train_step`` after
+    the first train iteration, and with ``record`` write it as run phase ``phase``
+    (common/phases.py); a no-op after that."""
+
+    def __init__(self, conn: redis.Redis, exp: str, phase: str, position: str, priority: int,
+                 record: bool = True) -> None:
+        super().__init__(f"phase_{phase}_{position}", position, priority=priority)
+        self._conn, self._exp, self._phase, self._record = conn, exp, phase, record
+        self.at: Optional[float] = None
+
+    def __call__(self, learner: BaseLearner) -> None:
+        if self.at is None:
+            self.at = time.time()
+            if self._record:
+                phases.record(self._conn, self._exp, self._phase, self.at)
+
+
+def _sched_s() -> tuple[float, float]:
+    """Seconds the calling thread has run on a CPU and waited, runnable, for one (Linux
+    ``/proc/thread-self/schedstat``: the scheduler's run and run-queue times); zeros elsewhere."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            run_ns, wait_ns, _ = f.read().split()
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 class FeedbackHook(LearnerHook):
@@ -443,16 +525,17 @@ def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Opti
     # (any machine, any cwd) gets nothing.
     logger = shipped_logger(conn, exp, task_id, "learner", name)
     try:
-        learner = create_learner(cfg, policy=policy, exp_name=exp, instance_name=name,
-                                 checkpoint_store=CheckpointStore(conn, exp, Path(), lease_key=lease_key, writable=lead),
+        store = CheckpointStore(conn, exp, Path(), lease_key=lease_key, writable=lead)
+        learner = create_learner(cfg, policy=policy, exp_name=exp, instance_name=name, checkpoint_store=store,
                                  logger=logger, tb_logger=ShippedScalars(conn, exp, task_id, "learner"))
-        return _train_with(conn, cfg, task, spec, group, policy, learner, lease_key)
+        store.logger = learner.logger  # the learner's log, for what a failover costs a checkpoint
+        return _train_with(conn, cfg, task, spec, group, policy, learner, store, lease_key)
     finally:
         close_logger(logger)
 
 
 def _train_with(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, group: Optional[LearnerGroup],
-                policy: Policy, learner: "BaseLearner", lease_key: str) -> dict[str, Any]:
+                policy: Policy, learner: "BaseLearner", store: CheckpointStore, lease_key: str) -> dict[str, Any]:
     """Wire the data source, hooks and buffer reader to ``learner``, train until the stop, report."""
     exp, task_id = task_namespace(task), task["task_id"]
     lead = group is None or group.rank == 0
@@ -462,19 +545,29 @@ def _train_with(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, group: 
     # before_run hooks run by priority: loading a checkpoint (20) precedes the group's state
     # broadcast (25) and the first publication (30), so collectors start from the resumed weights.
     send_freq = 1 if source.publish_every_iter else lcfg.send_policy_freq
+    publisher = PolicyPublisher(conn, exp, task["policy_id"], lease_key)
     if lead:
         for position, freq in (("before_run", 1), ("after_iter", send_freq)):
-            learner.register_hook(PublishPolicyHook(conn, exp, task["policy_id"], position, freq,
-                                                    source.envstep_limit, lease_key))
-    t_start, cpu_start = time.time(), time.process_time()
+            learner.register_hook(PublishPolicyHook(publisher, position, freq, source.envstep_limit))
+        # After the first publication (priority 30).
+        learner.register_hook(PhaseHook(conn, exp, "first_policy", "before_run", 31))
+    first_step = PhaseHook(conn, exp, "first_train_step", "after_iter", 5, record=lead)
+    learner.register_hook(first_step)
+    t_start, cpu_start, sched_start = time.time(), time.process_time(), _sched_s()
 
     def stats() -> dict[str, Any]:
         r = source.reader
         elapsed = max(1e-9, time.time() - t_start)
         out = {**source.stats(), "chunks": r.chunks if r else 0, "expired": r.expired if r else 0,
                "corrupt": r.corrupt if r else 0, "malformed": r.malformed if r else 0,
+               "redelivered": r.redelivered if r else 0,
                **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
                "train_iter_per_sec": round(learner.train_iter / elapsed, 2),
+               # Seconds since the first train iteration (train_iter / train_s: the training speed).
+               "train_s": round(time.time() - first_step.at, 3) if first_step.at else 0.0,
+               # Share of the time the training thread was ready to run but waited for a CPU:
+               # what the other processes on the machine (collectors, evals) cost it.
+               "sched_wait_share": round((_sched_s()[1] - sched_start[1]) / elapsed, 4),
                "cpu_s": round(time.process_time() - cpu_start, 2)}  # the learner process's CPU seconds
         if group is not None:  # rank 0's own share of the data, and the cost of averaging gradients
             out.update(learner_num=group.world_size, allreduce_share=round(group.allreduce_seconds / elapsed, 4))
@@ -490,16 +583,31 @@ def _train_with(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, group: 
         learner.register_hook(BroadcastStateHook(group))
         learner.get_data = group.agree(source)
     learner.register_hook(FeedbackHook(source))
+
+    def after_failover() -> None:
+        """A new primary may lack the newest policy version and checkpoints (asynchronous
+        replication): put them back, so collectors waiting for a version are released."""
+        if lead:
+            version = publisher.republish()
+            learner.logger.warning("after the failover: policy version %s published again", version)
+            store.resave()
+
     reader = BufferReader(conn, exp, task["buffer_id"], task_id, source.store, learner.logger, source.notify, lease_key,
-                          train_iter=lambda: learner.train_iter, claim_orphans=lead)
+                          train_iter=lambda: learner.train_iter, claim_orphans=lead, on_failover=after_failover)
     source.reader = reader
     reader.start()
     try:
         learner.start()
-    finally:
+    except BaseException:
         reader.stop()
         reader.join(timeout=5)
         learner.close()
+        raise
+    # The reader ends after its current blocking read (up to its block_ms): the run's wrap-up
+    # waits for this report, not for that read, so it is joined after the report.
+    reader.stop()
+    learner.close()
     info = dict(learner.learn_info, buffer_id=task["buffer_id"], **stats())
     events.emit(conn, exp, "finished", task_id, "learner", **info)
+    reader.join(timeout=5)
     return info

@@ -1,8 +1,9 @@
 """RQ worker classes for rqrl: the job modules, torch and gymnasium imported once per worker.
 
 ``PreloadWorker`` is RQ's forking ``Worker`` whose parent imports torch, gymnasium and the job
-modules once, so each forked work-horse inherits them instead of paying ~1.5-2 s of imports
-per task (learners use it)::
+modules once, and ``torch._dynamo`` when it starts, so each forked work-horse inherits them
+instead of paying ~1.5-2 s of imports, and ~1.1-1.5 s more for its first optimizer, per task
+(learners use it)::
 
     rq worker learner --url redis://head:6379/0 -w workers.worker.PreloadWorker
 
@@ -21,6 +22,7 @@ see docs/architecture.md ("Envs live on the collector worker").
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from typing import Any
@@ -29,6 +31,7 @@ import gymnasium  # noqa: F401  (pre-import for forked work-horses)
 import gymnasium.envs.classic_control  # noqa: F401
 import tensorboard.compat.proto.event_pb2  # noqa: F401  (the learner's TensorBoard writer)
 import tensorboard.summary.writer.event_file_writer  # noqa: F401
+import redis
 import torch  # noqa: F401
 from rq.worker import SimpleWorker, Worker
 
@@ -45,33 +48,55 @@ _KEY_TTL_S = 60
 _SWEEP_EVERY_S = 10.0
 
 
-class PreloadWorker(Worker):
+class _RqrlWorker:
+    """What both worker classes add to RQ's: a Redis client that retries connection errors and
+    ``OOM`` replies with backoff (~10 s; stock RQ quits on the first refused write of its
+    bookkeeping, so a Redis that is full for the few seconds the coordinator needs to stop the run
+    and free memory would kill it), and the worker's address read as the least-privilege ACL
+    user may (deploy/redis/users.acl.example)."""
+
+    def __init__(self, *args: Any, connection: Any = None, **kwargs: Any) -> None:
+        if connection is not None:
+            connection = with_retries(connection)
+        super().__init__(*args, connection=connection, **kwargs)
+
+    def _set_ip_address(self, connection: Any) -> None:
+        """The worker's address from ``CLIENT INFO``, as rq 3 reads it: rq 2.12 reads ``CLIENT
+        LIST``, which the least-privilege ACL user may not run."""
+        try:
+            connection.client_setname(self.name)
+            self.ip_address = str(connection.client_info()["addr"])
+        except redis.ResponseError:
+            super()._set_ip_address(connection)
+
+
+class PreloadWorker(_RqrlWorker, Worker):
     """``rq.worker.Worker`` whose module pre-imports rqrl's job code (see module docstring).
 
-    Its own Redis client retries connection errors and ``OOM`` replies with backoff (~10 s):
-    stock RQ quits on the first refused write of its bookkeeping, so a Redis that is full for
-    the few seconds the coordinator needs to stop the run and free memory would kill it.
+    It also imports ``torch._dynamo`` when created, before it forks any work-horse: every
+    ``torch.optim.Optimizer`` imports it (and sympy, ~800 modules, 1.1-1.5 s of CPU) the first
+    time it is built in a process, because ``Optimizer.add_param_group`` is wrapped by
+    ``torch._disable_dynamo`` (torch/_compile.py), so each learner task's work-horse paid it.
+    Here, not at module level: ``rqrl train`` imports this module before it forks the collector
+    workers, which build no optimizer; only learner workers pay, once, after their fork.
     """
 
-    def __init__(self, *args: Any, connection: Any = None, **kwargs: Any) -> None:
-        if connection is not None:
-            connection = with_retries(connection)
-        super().__init__(*args, connection=connection, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        importlib.import_module("torch._dynamo")
 
 
-class CollectorWorker(SimpleWorker):
+class CollectorWorker(_RqrlWorker, SimpleWorker):
     """A non-forking worker that keeps each run's envs between its collector tasks (module docstring).
 
-    At most ``$RQRL_ENV_CACHE_RUNS`` runs' envs (default 2; ``rqrl sweep`` sets its number of seeds) are kept, least
-    recently used out; a run's envs close at its stop flag or after ``collector.env_idle_s``
-    seconds without a task of the run, and all of them when the worker exits. Its Redis client
-    retries as :class:`PreloadWorker`'s does.
+    At most ``$RQRL_ENV_CACHE_RUNS`` runs' envs (default 2; ``rqrl sweep`` sets its number of
+    seeds) are kept, least recently used out; a run's envs close at its stop flag or after
+    ``collector.env_idle_s`` seconds without a task of the run, and all of them when the worker
+    exits.
     """
 
-    def __init__(self, *args: Any, connection: Any = None, **kwargs: Any) -> None:
-        if connection is not None:
-            connection = with_retries(connection)
-        super().__init__(*args, connection=connection, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.env_cache = live_envs.enable(int(os.environ.get("RQRL_ENV_CACHE_RUNS", "2")))
         self._housekeeping_stop = threading.Event()
         self._housekeeper = threading.Thread(target=self._housekeeping, name="env-cache", daemon=True)

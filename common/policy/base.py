@@ -18,7 +18,8 @@ serve, with ``E`` envs, ``B`` rows and ``*O`` the stored observation shape::
     # eval task (workers/collector.py) and ``rqrl eval``; rng seeded from the task's / the eval's seed
     env_action = policy.act_eval(obs, rng)               # obs (E, *O) -> env actions (E, ...)
 
-    # learner task (workers/learner.py); how batches are formed is ``algorithm.data_source``:
+    # learner task (workers/learner.py); how batches are formed is ``algorithm.data_source``, a
+    # registered source (common/sources.py):
     #   "replay"     rows sampled from a replay buffer (off-policy: DQN, SAC)
     #   "on_policy"  exactly the rows produced by the current policy version (PPO); older ones are dropped
     info = policy.learn(batch)                           # batch {field: (B, ...)} per policy.schema() -> {str: float}
@@ -37,9 +38,9 @@ from typing import Any, Callable, Optional, Protocol
 import numpy as np
 from easydict import EasyDict
 
+from common.sources import SOURCES
 from common.spaces import SpaceSpec
 
-DATA_SOURCES = ("replay", "on_policy")
 MODES = ("learn", "collect", "eval")
 
 Schema = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -51,7 +52,9 @@ class Algorithm:
 
     Attributes:
         name: the ``create_config.policy.type`` it is registered under.
-        data_source: ``"replay"`` or ``"on_policy"`` (see module docstring).
+        data_source: the name of a registered data source (common/sources.py: ``"replay"``,
+            ``"on_policy"`` or one a module registered first), which says how the learner forms
+            batches and what collectors do after a chunk.
         policy_class: ``"module:Class"`` of its :class:`Policy`, imported only where torch is.
         config: its defaults for the config's ``policy`` section (merged over the system
             defaults of common/config.py; only the algorithm's own hyperparameters).
@@ -73,8 +76,9 @@ class Algorithm:
     action_kinds: tuple[str, ...] = ("discrete", "box")
 
     def __post_init__(self) -> None:
-        if self.data_source not in DATA_SOURCES:
-            raise ValueError(f"algorithm {self.name!r}: data_source must be one of {DATA_SOURCES}, got {self.data_source!r}")
+        if self.data_source not in SOURCES:
+            raise ValueError(f"algorithm {self.name!r}: data_source must be a registered data source "
+                             f"({sorted(SOURCES)}; common/sources.py), got {self.data_source!r}")
 
 
 class Adder(Protocol):

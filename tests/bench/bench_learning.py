@@ -38,6 +38,7 @@ from typing import Any
 from common import keys, streams
 from common.connection import connect
 from common.embedded_redis import EmbeddedRedis
+from tests.bench.bench_start import wait_teardown
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "deploy" / "configs"
@@ -59,6 +60,7 @@ def train(config: str, seed: int, budget: int, overrides: list[str] = (), timeou
         wall = time.perf_counter() - t0
         exp = next(p for p in workdir.iterdir() if p.is_dir()).name
         ns = keys.namespace(exp, "r")
+        wait_teardown(workdir / ns)  # the workers exit (after the return) before this Redis stops
         conn = connect(server.url)
         evs = [streams.decode_fields(raw) for _, raw in conn.xrange(keys.events(ns))]
         summary = json.loads((workdir / ns / "summary.json").read_text())

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.bench.bench_start import wait_teardown
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
             final = Path(tmp) / exp / "latest" / "final.pt"
             summary_path = Path(tmp) / exp / "latest" / "summary.json"
             summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+            wait_teardown(Path(tmp) / exp / "latest")  # its processes end before the next run
             r = {"seed": seed, "exit_code": res.returncode, "wall_s": round(wall, 2),
                  "run_eval": summary.get("last_eval_reward_mean"), "reeval_mean": None, "reeval_min": None}
             if final.exists():

@@ -12,7 +12,10 @@ iteration, then ``train_iter_per_env_step`` per env step); ``on_policy``: train 
 ``commander.eval_every_train_iter`` iterations on ``env.n_evaluator_episode`` episodes; stop at
 ``env.stop_value`` by the commander's rule (a confirming eval of the same weights on
 ``commander.confirm_eval_episodes`` episodes, by ``confirm_margin_se`` standard errors). Prints
-env steps, train iterations and wall seconds to solve per seed.
+env steps, train iterations and wall seconds to solve per seed, the loop's train iterations per
+second (from its first train iteration, eval time left out: what a learner that only trains is
+compared with) and when its first train iteration ended (unix seconds, for runs timed from a
+fresh process: tests/bench/bench_start.py).
 """
 
 from __future__ import annotations
@@ -82,12 +85,16 @@ def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
     obs, _ = env.reset(seed=seed)
     obs = spec.obs_batch(obs)
     envstep = it = 0
+    passed = False
     ratio = float(cfg.policy.learn.train_iter_per_env_step)
     start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)  # as the learner's ReplayFeeder
     if replay and ratio <= 0:
         raise ValueError("bench_serial needs policy.learn.train_iter_per_env_step > 0 (it paces the serial loop)")
     eval_every = int(cfg.commander.eval_every_train_iter) or 200
     t0 = time.perf_counter()
+    first_train: float | None = None  # perf_counter and unix time of the first train iteration's end
+    first_train_unix = 0.0
+    eval_s = 0.0  # seconds spent evaluating after the first train iteration
     next_eval = eval_every
     setting = algo.collect_setting(cfg.policy, {"envstep": 0, "train_iter": 0, "collectors": 1})
     adder = policy.make_adder(n_env, setting)
@@ -110,16 +117,26 @@ def solve(cfg, seed: int, max_env_steps: int = 300_000) -> dict:
             while ratio_allows(it, envstep, start, ratio):
                 policy.learn(buf.sample(cfg.policy.learn.batch_size, rng))
                 it += 1
+                if first_train is None:
+                    first_train, first_train_unix = time.perf_counter(), time.time()
         else:
             policy.learn(batch)
             it += 1
+            if first_train is None:
+                first_train, first_train_unix = time.perf_counter(), time.time()
         if it >= next_eval:
             next_eval = it + eval_every
-            if converged(policy, cfg, spec, seed + it):
-                return {"seed": seed, "envstep": envstep, "train_iter": it,
-                        "wall_s": round(time.perf_counter() - t0, 2), "solved": True}
-    return {"seed": seed, "envstep": envstep, "train_iter": it, "wall_s": round(time.perf_counter() - t0, 2),
-            "solved": False}
+            t_eval = time.perf_counter()
+            passed = converged(policy, cfg, spec, seed + it)
+            eval_s += time.perf_counter() - t_eval
+            if passed:
+                break
+    end = time.perf_counter()
+    training = end - (first_train or end) - eval_s
+    return {"seed": seed, "envstep": envstep, "train_iter": it, "wall_s": round(end - t0, 2),
+            "solved": bool(passed),
+            "train_iter_per_s": round(it / training, 1) if training > 0 else None,
+            "first_train_unix": round(first_train_unix, 3)}
 
 
 def main(argv: list[str] | None = None) -> dict:

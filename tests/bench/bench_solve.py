@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.bench.bench_start import wait_teardown
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -31,6 +33,7 @@ def solve_once(config: str, seed: int, collectors: int, extra: list[str]) -> dic
         wall = time.perf_counter() - t0
         summary_path = Path(tmp) / exp / "latest" / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        wait_teardown(Path(tmp) / exp / "latest")  # untimed: its processes end before the next run
         return {"seed": seed, "exit_code": res.returncode, "wall_s": round(wall, 2),
                 "coordinator_wall_s": summary.get("wall_seconds"), "envstep": summary.get("envstep"),
                 "train_iter": summary.get("train_iter"), "eval_reward": summary.get("last_eval_reward_mean"),

@@ -77,8 +77,21 @@ def _algo(r: dict, name: str) -> dict:
     return r["algorithms"][name]
 
 
+def _start(config: str, key: str, digits: int = 3) -> Callable[[dict], Optional[dict]]:
+    """A per-seed figure of tests/bench/bench_start.py (``summary[key]`` of ``config``)."""
+    return lambda r: spread(r["start"]["results"][config]["summary"][key], digits)
+
+
 # (figure, getter of a spread dict, unit, goal)
 GOALS: list[tuple[str, Callable[[dict], Optional[dict]], str, str]] = [
+    ("DQN CartPole launch to exit vs DI-engine serial, both from a fresh process (per seed)",
+     _start("cartpole_dqn", "rqrl_vs_di_engine"), "×", "<= 0.4"),
+    ("PPO CartPole launch to exit vs DI-engine serial, both from a fresh process (per seed)",
+     _start("cartpole_ppo", "rqrl_vs_di_engine"), "×", "<= 0.4"),
+    ("DQN first train step after launch (per seed)", _start("cartpole_dqn", "first_train_s", 2), "s", "<= 1.5"),
+    ("DQN exit after the confirming eval (per seed)", _start("cartpole_dqn", "exit_after_confirmation_s", 2), "s", "<= 0.3"),
+    ("DQN learner train iter/s vs the in-process loop's (per seed)",
+     _start("cartpole_dqn", "learner_vs_serial_it_per_s"), "×", ">= 0.9"),
     ("time to solve CartPole, launch to exit (per seed)",
      lambda r: spread([x["wall_s"] for x in r["solve"]["runs"]], 1), "s", "<= 12"),
     ("launch to exit vs in-process serial solve, wall time (per seed)", _start_ratio, "×", "<= 1.5"),
@@ -187,6 +200,8 @@ def summary_table(raw: dict) -> str:
 def detail_tables(raw: dict) -> str:
     r = raw["results"]
     out: list[str] = []
+    if "start" in r:
+        out += _start_tables(r["start"])
     if "solve" in r:
         out += ["### Time to solve (`rqrl train`, per seed)", "",
                 "| seed | exit | wall s | coordinator s | env steps | train iterations | eval reward | learner wait share |",
@@ -360,6 +375,45 @@ def detail_tables(raw: dict) -> str:
                 for x in r["episodes"]]
         out.append("")
     return "\n".join(out)
+
+
+def _start_tables(x: dict) -> list[str]:
+    """Launch to exit (tests/bench/bench_start.py): per config and seed, the three sides and rqrl's phases."""
+    out = [f"### Launch to exit, every side from a fresh process (`tests/bench/bench_start.py`; DI-engine: "
+           f"{'`' + x['di_engine'] + '`' if x.get('di_engine') else 'not installed, column skipped'})", "",
+           "Wall seconds from the process's start to its exit. Phases: seconds after launch, from the run's "
+           "summary.json. Learner it/s: train iterations / seconds since its first one; serial it/s: the loop's, "
+           "eval time left out. Scheduler wait: share of the learner's time its training thread was runnable "
+           "but had no CPU (the collector, eval and other processes on the cores).", ""]
+    for config, res in x["results"].items():
+        runs = res["runs"]
+        di = {y["seed"]: y for y in runs.get("di_engine", [])}
+        se = {y["seed"]: y for y in runs["serial"]}
+        out += [f"**{config}**", "",
+                "| seed | rqrl wall s | serial wall s | DI-engine wall s | first train step s | exit after "
+                "confirmation s | learner it/s | serial it/s | scheduler wait | env steps (rqrl / serial) | load |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for y in runs["rqrl"]:
+            s_, d = se.get(y["seed"], {}), di.get(y["seed"], {})
+            out.append(f"| {y['seed']} | {y['wall_s']} | {s_.get('wall_s')} | {d.get('wall_s', '-')} | "
+                       f"{y['first_train_s']} | {y['exit_after_confirmation_s']} | {y['learner_it_per_s']} | "
+                       f"{s_.get('train_iter_per_s')} | {y['learner_sched_wait_share']} | {y['envstep']} / "
+                       f"{s_.get('envstep')} | {y['loadavg_1min']:.2f} |")
+        phases = [y["phases_s"] for y in runs["rqrl"] if y.get("phases_s")]
+        if phases:
+            names = [n for n in phases[0]]
+            out += ["", "| phase (s after launch, median) | " + " | ".join(names) + " |",
+                    "| --- | " + " | ".join("---" for _ in names) + " |",
+                    "| rqrl train | " + " | ".join(str(spread([p.get(n) for p in phases], 2)["median"]) for n in names) + " |"]
+        out.append("")
+    oi = x.get("optimizer_import")
+    if oi:
+        m = oi["median"]
+        out += [f"Building the learner's policy ({oi['config']}, its Adam optimizer) in a forked work-horse, medians of "
+                f"{oi['repeats']}: {m['plain']['horse_s']} s when the parent had not imported `torch._dynamo`, "
+                f"{m['preload']['horse_s']} s when it had (PreloadWorker; the parent's import took "
+                f"{m['preload']['parent_s']} s, once per worker).", ""]
+    return out
 
 
 def block(raw: dict, json_path: Optional[Path] = None) -> str:

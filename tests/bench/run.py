@@ -3,7 +3,9 @@
     nice -n 10 python -m tests.bench.run              # the full run (about 15 minutes on 2 cores)
     python -m tests.bench.run --quick --no-docs       # a short check that every benchmark runs
 
-Runs, in order: time to solve (``rqrl train``, 5 seeds; 3 with --quick), the single-process
+Runs, in order: launch to exit from fresh processes (``rqrl train``, the single-process loop and
+DI-engine's serial pipeline where installed, DQN and PPO on CartPole, alternating; with the
+run's phases; tests/bench/bench_start.py), time to solve (``rqrl train``, 5 seeds; 3 with --quick), the single-process
 baseline on the same config and seeds, the same two for PPO (CartPole) and SAC (Pendulum, 3
 seeds), the learner with and without prioritized replay, the data-parallel learner's samples/s
 at ``learner_num`` 1 and 2, the re-evaluation of final.pt on 20
@@ -38,7 +40,7 @@ from typing import Any, Callable
 
 from tests.bench import (bench_algorithms, bench_components, bench_coordinator, bench_ddp, bench_episodes,
                          bench_images, bench_learner,
-                         bench_reeval, bench_serial, bench_solve, report)
+                         bench_reeval, bench_serial, bench_solve, bench_start, report)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="solve/serial seeds (default 0-4; 0-2 with --quick)")
     ap.add_argument("--repeats", type=int, default=None, help="component repeats (default 3; 2 with --quick)")
     ap.add_argument("--sims", type=int, nargs="+", default=[8, 64, 256, 1000])
-    ap.add_argument("--parts", nargs="+", default=["solve", "serial", "algorithms", "priorities", "ddp", "reeval",
+    ap.add_argument("--parts", nargs="+", default=["start", "solve", "serial", "algorithms", "priorities", "ddp", "reeval",
                                                    "halfcheetah", "components", "coordinator", "images", "episodes"])
+    ap.add_argument("--di-engine", default=None, help="DI-engine's venv for the start part (bench_start.py)")
     ap.add_argument("--out-dir", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
     ap.add_argument("--reuse", default=None, metavar="RAW.json",
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     r: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    if "start" in args.parts:  # launch to exit from fresh processes: rqrl, serial, DI-engine; DQN and PPO
+        _part(r, errors, "start", lambda: bench_start.main(
+            ["--seeds", *seeds] + (["--di-engine", args.di_engine] if args.di_engine else [])))
     if "solve" in args.parts:
         _part(r, errors, "solve", lambda: bench_solve.main(["--seeds", *seeds]))
     if "serial" in args.parts:

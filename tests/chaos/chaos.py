@@ -250,7 +250,7 @@ class Chaos:
         raw = {k.decode(): int(v) for k, v in self.conn.hgetall(keys.buffer_stats(self.exp, buffer_id)).items()}
         last = groups[0]["last-delivered-id"]
         undelivered = len(self.conn.xrange(stream, min=f"({last.decode()}", max="+"))
-        acc = {k: raw.get(k, 0) for k in ("produced", "consumed", "expired", "corrupt", "malformed", "duplicate")}
+        acc = {k: raw.get(k, 0) for k in ("produced", "consumed", "expired", "corrupt", "malformed", "duplicate", "trimmed")}
         acc["unconsumed"] = undelivered + int(groups[0]["pending"])
         return acc
 

@@ -18,7 +18,7 @@ from workers.comm_collector import RedisCommCollector
 from workers.comm_learner import BufferReader
 from workers.replay_buffer import ReplayBuffer
 
-pytestmark = pytest.mark.redis_server
+pytestmark = [pytest.mark.redis_server, pytest.mark.every_redis]
 
 EXP = "dup_exp"
 BUF = "buffer_dup"
@@ -126,3 +126,64 @@ def test_distinct_chunks_still_all_delivered(real_redis):
     assert len(buf) == 12 and reader.chunks == 3 and reader.duplicates == 0
     assert int(real_redis.get(keys.envstep(EXP))) == 12
     assert stats(real_redis)["produced"] == 3 and "resent" not in stats(real_redis)
+
+
+def test_orphans_trimmed_from_the_stream_are_counted_once_on_every_redis(real_redis):
+    """A dead learner's unacked entries whose stream entries were trimmed (MAXLEN) meanwhile: Redis
+    7 drops them from the pending list when XAUTOCLAIM meets them, 6.2 keeps them pending for ever
+    and answers nil; either way the next learner acks them and counts them as ``trimmed`` once."""
+    stream = keys.buffer_meta(EXP, BUF)
+    real_redis.set(keys.lease(EXP, LEARNER), "1")
+    streams.ensure_group(real_redis, stream, keys.LEARNER_GROUP)
+    for i in range(4):
+        real_redis.set(keys.data(EXP, f"c_{i}"), serialization.dumps(chunk(3, float(i))), ex=600)
+        add_entry(real_redis, f"c_{i}", 3)
+    dead = streams.read_group(real_redis, stream, keys.LEARNER_GROUP, "learner_task_dead", 100, 10)
+    assert len(dead) == 4
+    real_redis.xtrim(stream, maxlen=1, approximate=False)  # the first three entries are gone
+    reader, buf = reader_on(real_redis)
+    reader._claim_orphans()
+    assert len(buf) == 3 and reader.chunks == 1 and reader.trimmed == 3
+    assert real_redis.xpending(stream, keys.LEARNER_GROUP)["pending"] == 0
+    assert stats(real_redis) == {"consumed": 1, "env_steps": 3, "trimmed": 3}
+    reader._claim_orphans()  # a second pass finds nothing more to count
+    assert stats(real_redis)["trimmed"] == 3 and reader.trimmed == 3
+
+
+@pytest.mark.parametrize("lost", ["delivery", "ack"])
+def test_chunks_whose_acks_a_failover_lost_are_counted_again_but_not_inserted(real_redis, monkeypatch, lost):
+    """A failover to a replica that lacked the reader's last writes: either the deliveries too
+    (the group's last-delivered id went back, so ``>`` hands the entries out again) or only the
+    acks (the entries are still pending for this consumer). Built here on one server by putting
+    back what the replica would hold: the blobs (not tombstones), the stream's group state and
+    the stats of before the acks. The reader must count each chunk once on the "new primary" and
+    insert none of them a second time."""
+    import workers.comm_learner as comm_learner
+
+    stream = keys.buffer_meta(EXP, BUF)
+    reader, buf = reader_on(real_redis)
+    blobs = {f"c_{i}": serialization.dumps(chunk(4, float(i))) for i in range(3)}
+    for data_id, blob in blobs.items():
+        real_redis.set(keys.data(EXP, data_id), blob, ex=600)
+        add_entry(real_redis, data_id, 4)
+    reader._consume(read_all(real_redis))
+    assert len(buf) == 12 and stats(real_redis) == {"consumed": 3, "env_steps": 12}
+    # The replica's view: blobs whole, nothing consumed; delivered (pending) or not delivered at all.
+    for data_id, blob in blobs.items():
+        real_redis.set(keys.data(EXP, data_id), blob, ex=600)
+    real_redis.delete(STATS)
+    real_redis.xgroup_setid(stream, keys.LEARNER_GROUP, "0")
+    if lost == "ack":
+        assert len(read_all(real_redis)) == 3  # delivered to this consumer again, never acked
+    monkeypatch.setattr(comm_learner, "primary_changes",
+                        lambda conn: [{"time": 0.0, "from": "127.0.0.1:1", "to": "127.0.0.1:2"}])
+    healed = []
+    reader._on_failover = lambda: healed.append(True)
+    reader._after_failover()
+    reader._consume(read_all(real_redis))
+    assert healed == [True]
+    assert len(buf) == 12 and buf.pushed == 12 and reader.chunks == 3  # no second insert
+    assert reader.redelivered == 3 and reader.duplicates == 0
+    assert stats(real_redis) == {"consumed": 3, "env_steps": 12}  # counted once on the new primary
+    assert real_redis.xpending(stream, keys.LEARNER_GROUP)["pending"] == 0
+    assert all(real_redis.get(keys.data(EXP, d)) == b"" for d in blobs)  # tombstones again

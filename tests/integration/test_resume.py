@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.conftest import REPO, run_rqrl
+from tests.conftest import REPO, run_rqrl, wait_gone
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
@@ -50,6 +50,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
     old_last = json.loads(evals_before[-1])
     assert all(e["run_id"] == before["run_id"] for e in new)
     assert all(e["train_iter"] >= point["ckpt_train_iter"] and e["envstep"] >= old_last["envstep"] for e in new)
+    assert wait_gone(str(tmp_path), in_cwd=True) == []  # curve.png is drawn after rqrl train returned
     assert (run / "curve.png").is_file() and (run / "final.pt").is_file()
 
 

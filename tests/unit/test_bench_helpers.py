@@ -53,3 +53,16 @@ def test_first_use_lags_grow_when_collectors_look_rarely():
     acts = [(t / 1000, 0 if t < 500 else 100 if t < 1000 else 200) for t in range(0, 1100, 1)]
     lags, _ = _first_use_lags(published, acts)
     assert max(lags) > 0.45
+
+
+def test_launch_to_exit_ratios_pair_seeds_that_both_sides_finished(tmp_path):
+    from tests.bench.bench_start import _ratios, wait_teardown
+
+    rqrl = [{"seed": 0, "exit_code": 0, "wall_s": 4.0}, {"seed": 1, "exit_code": 0, "wall_s": 5.0},
+            {"seed": 2, "exit_code": 1, "wall_s": 1.0}]
+    ding = [{"seed": 1, "exit_code": 0, "wall_s": 10.0}, {"seed": 0, "exit_code": 0, "wall_s": 8.0},
+            {"seed": 2, "exit_code": 0, "wall_s": 9.0}]
+    assert _ratios(rqrl, ding) == [0.5, 0.5]  # per seed, in rqrl's order; a failed run gives no ratio
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "teardown.log").write_text("teardown finished in 0.84 s (at 1796129596.235)\n")
+    assert wait_teardown(tmp_path, timeout=1) == 1796129596.235

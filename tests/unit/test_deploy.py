@@ -217,6 +217,118 @@ def test_compose_services():
         assert (REPO / b["dockerfile"]).resolve() == DOCKER / "Dockerfile"
 
 
+def _sentinel_settings(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+
+def test_shipped_sentinel_conf():
+    """deploy/redis/sentinel.conf: quorum 2 of three, the two placeholders the recipes replace,
+    a down-after well inside rqrl's ~15 s of retries. tests/integration/test_sentinel.py runs it."""
+    lines = _sentinel_settings((REDIS_DIR / "sentinel.conf").read_text())
+    assert "sentinel monitor mymaster REDIS_PRIMARY_HOST 6379 2" in lines
+    assert "sentinel auth-pass mymaster CHANGE_ME_REDIS_PASSWORD" in lines
+    down = next(int(ln.split()[-1]) for ln in lines if ln.startswith("sentinel down-after-milliseconds mymaster"))
+    assert 1000 <= down <= 10_000
+
+
+def test_compose_sentinel_override():
+    from common.connection import RQConnection, parse_sentinel_url
+
+    c = compose("docker-compose.yml", "docker-compose.sentinel.yml")
+    services = c["services"]
+    assert {"redis-replica", "sentinel1", "sentinel2", "sentinel3"} <= set(services)
+    replica = services["redis-replica"]
+    i = replica["command"].index("--replicaof")
+    assert replica["command"][i + 1:i + 3] == ["redis", "6379"]
+    for node in (services["redis"], replica):  # either may become a replica of the other
+        assert "--masterauth" in node["command"] and "--requirepass" in node["command"]
+    assert any(v.split(":")[0] in c["volumes"] and v.split(":")[1] == "/data" for v in replica["volumes"])
+    for name in ("sentinel1", "sentinel2", "sentinel3"):
+        s = services[name]
+        mount = next(v for v in s["volumes"] if v.endswith(":ro"))
+        assert (DOCKER / mount.split(":")[0]).resolve() == REDIS_DIR / "sentinel.conf"
+        script = s["command"][2]
+        assert "--sentinel" in script and "s/REDIS_PRIMARY_HOST/redis/" in script and "CHANGE_ME_REDIS_PASSWORD" in script
+        assert s["depends_on"]["redis"]["condition"] == "service_healthy"
+    for name in ("coordinator", "collector", "learner"):
+        env = services[name]["environment"]
+        for var in ("RQRL_REDIS_URL", "RQ_REDIS_URL"):
+            sentinels, service, kwargs, _ = parse_sentinel_url(env[var])
+            assert sentinels == [(f"sentinel{i}", 26379) for i in (1, 2, 3)] and service == "mymaster"
+            assert kwargs["password"] == _env_file(DOCKER / ".env.example")["REDIS_PASSWORD"]
+        module, _, cls = env["RQ_CONNECTION_CLASS"].rpartition(".")
+        assert getattr(__import__(module, fromlist=[cls]), cls) is RQConnection
+        assert services[name]["depends_on"]["sentinel1"]["condition"] == "service_healthy"
+
+
+K8S_SENTINEL = K8S / "sentinel"
+
+
+def _k8s_sentinel_docs() -> dict[str, dict]:
+    return {p.name: yaml.safe_load(p.read_text()) for p in sorted(K8S_SENTINEL.glob("*.yaml"))}
+
+
+def _smp(base: dict, patch: dict) -> dict:
+    """Kubernetes' strategic merge for what the patches here use: maps merge, lists of named
+    items (containers, env) merge by name, other lists are replaced."""
+    out = dict(base)
+    for k, v in patch.items():
+        old = out.get(k)
+        if isinstance(v, dict) and isinstance(old, dict):
+            out[k] = _smp(old, v)
+        elif isinstance(v, list) and isinstance(old, list) and v and all(isinstance(x, dict) and "name" in x for x in v):
+            merged = {x["name"]: x for x in old}
+            for x in v:
+                merged[x["name"]] = _smp(merged.get(x["name"], {}), x)
+            out[k] = list(merged.values())
+        else:
+            out[k] = v
+    return out
+
+
+def test_k8s_sentinel_overlay():
+    docs = _k8s_sentinel_docs()
+    kust = docs.pop("kustomization.yaml")
+    assert kust["namespace"] == "rqrl" and kust["resources"][0] == "../"
+    assert sorted(kust["resources"][1:] + [p["path"] for p in kust["patches"]]) == sorted(docs)
+    base = _k8s_objects()
+    objs = dict(base)
+    for p in kust["patches"]:
+        patch = docs[p["path"]]
+        key = (patch["kind"], patch["metadata"]["name"])
+        assert key in base, f"{p['path']} patches nothing in deploy/k8s"
+        objs[key] = _smp(base[key], patch)
+    for name in kust["resources"][1:]:
+        objs[(docs[name]["kind"], docs[name]["metadata"]["name"])] = docs[name]
+    redis_sts, sentinel = objs[("StatefulSet", "redis")], objs[("StatefulSet", "sentinel")]
+    assert redis_sts["spec"]["replicas"] == 2 and sentinel["spec"]["replicas"] == 3
+    for sts, svc in ((redis_sts, "redis-nodes"), (sentinel, "sentinel")):
+        service = objs[("Service", svc)]
+        assert sts["spec"]["serviceName"] == svc and service["spec"]["clusterIP"] == "None"
+        assert service["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    script = _container(redis_sts, "redis")["args"][0]
+    assert "--masterauth" in script and "--replicaof $primary 6379" in script and "redis-nodes" in script
+    cm = objs[("ConfigMap", "sentinel-config")]
+    assert cm["data"]["sentinel.conf"] == (REDIS_DIR / "sentinel.conf").read_text(), "keep in sync"
+    sent = _container(sentinel, "sentinel")
+    assert "--sentinel" in sent["args"][0] and "s/REDIS_PRIMARY_HOST/redis-0.redis-nodes" in sent["args"][0]
+    assert sent["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "rqrl-redis", "key": "redis-password"}
+    for dep, name in (("rqrl-collector", "collector"), ("rqrl-learner", "learner")):
+        env = {e["name"]: e for e in _container(objs[("Deployment", dep)], name)["env"]}
+        assert env["RQ_CONNECTION_CLASS"]["value"] == "common.connection.RQConnection" and "RQ_REDIS_URL" in env
+    # The URL form the kustomization's comment gives parses to the three sentinels.
+    from common.connection import parse_sentinel_url
+
+    url = re.search(r'redis-url="(redis\+sentinel://[^"]+)"', (K8S_SENTINEL / "kustomization.yaml").read_text()).group(1)
+    sentinels, service, _, _ = parse_sentinel_url(url.replace("$PW", "pw"))
+    assert sentinels == [(f"sentinel-{i}.sentinel", 26379) for i in range(3)] and service == "mymaster"
+    kv = pytest.importorskip("kubernetes_validate")
+    for key in [("StatefulSet", "redis"), ("StatefulSet", "sentinel"), ("Service", "redis-nodes"),
+                ("Service", "sentinel"), ("ConfigMap", "sentinel-config"), ("Deployment", "rqrl-collector"),
+                ("Deployment", "rqrl-learner")]:
+        kv.validate(objs[key], "1.30.0", strict=True)
+
+
 def test_compose_dashboard_is_optional_and_installs_six():
     d = compose()["services"]["rq-dashboard"]
     assert d["profiles"] == ["dashboard"]

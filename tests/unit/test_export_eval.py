@@ -12,6 +12,7 @@ from common.config import compile_config
 from common.policy import create_policy, export
 from coordinator import evaluate
 from coordinator.cli import main as rqrl_main
+from tests.conftest import newest_env_id
 
 SMALL = {
     "dqn": {"hidden_size_list": [16, 16]},
@@ -57,7 +58,7 @@ def play(policy, env_id: str, seed: int, episodes: int) -> list[float]:
 
 
 @pytest.mark.parametrize("algo,env_id", [("dqn", "CartPole-v1"), ("ppo", "CartPole-v1"), ("ppo", "Pendulum-v1"),
-                                         ("dqn", "FrozenLake-v1"), ("ppo", "Taxi-v4")])
+                                         ("dqn", "FrozenLake-v1"), ("ppo", newest_env_id("Taxi"))])
 def test_final_pt_plays_without_config(tmp_path, algo, env_id):
     policy = make_policy(algo, env_id)
     path = save_bundle(policy, tmp_path / "final.pt")

@@ -32,6 +32,7 @@ EXP = "cartpole_dqn"
     (lambda: keys.runs(), "rqrl:runs"),
     (lambda: keys.learner_group(EXP, "group_0123"), "rqrl:cartpole_dqn:learner_group:group_0123"),
     (lambda: keys.all_keys_pattern(EXP), "rqrl:cartpole_dqn:*"),
+    (lambda: keys.phases(EXP), "rqrl:cartpole_dqn:phases"),
 ])
 def test_builders_match_documented_layout(built, expected):
     assert built() == expected
@@ -48,7 +49,7 @@ def test_docstring_table_matches_builders():
         keys.ckpt("E", "N"), keys.policy_updates("E", "P"), keys.envstep("E"), keys.commander("E"),
         keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.heartbeat("E", "T"),
         keys.runs(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"), keys.evals("E"),
-        keys.evaluated_policy("E", "T"), keys.learner_group("E", "G"),
+        keys.evaluated_policy("E", "T"), keys.learner_group("E", "G"), keys.phases("E"),
     }
     documented = set()
     for k in doc_keys:

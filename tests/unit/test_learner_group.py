@@ -12,7 +12,7 @@ from common import keys
 from common.config import ConfigError, compile_config
 from coordinator.commander import SoloCommander
 from coordinator.daemon import Coordinator
-from workers.sources.replay import ReplayFeeder
+from workers.sources import create_source
 from workers.task import TaskError, validate_task
 from tests.unit.test_learner_limiter import BATCH, SCHEMA, Call, rows
 
@@ -99,7 +99,7 @@ def test_a_rank_keeps_its_share_of_the_buffer_and_starts_on_the_groups_env_steps
     cfg.policy.other.replay_buffer.update(replay_buffer_size=1001, replay_start_size=200)
     cfg.policy.learn.update(train_iter_per_env_step=0.5, max_env_step_lead=100)
     learner = SimpleNamespace(train_iter=0, collector_envstep=0)
-    feeder = ReplayFeeder(fake_redis, cfg.exp_name, learner, cfg, SCHEMA, seed=0, group_size=2)
+    feeder = create_source("replay", fake_redis, cfg.exp_name, learner, cfg, SCHEMA, seed=0, group_size=2)
     assert feeder.store.capacity == 500
     stats = keys.buffer_stats(cfg.exp_name, "B")
     feeder.reader = SimpleNamespace(env_steps=0, env_steps_base=0, error=None,

@@ -23,7 +23,7 @@ import pytest
 from easydict import EasyDict
 
 from common import keys
-from workers.sources.replay import ReplayFeeder
+from workers.sources import create_source
 
 RATIO, LEAD, START, BATCH = 0.5, 256, 64, 32
 SCHEMA = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
@@ -45,7 +45,7 @@ def rows(n):
 
 def make(fake_redis, cfg, train_iter=0, base_envstep=0, filled=START):
     learner = SimpleNamespace(train_iter=train_iter, collector_envstep=0)
-    feeder = ReplayFeeder(fake_redis, cfg.exp_name, learner, cfg, SCHEMA, seed=0)
+    feeder = create_source("replay", fake_redis, cfg.exp_name, learner, cfg, SCHEMA, seed=0)
     buf = feeder.store
     if filled:
         buf.extend(rows(filled))

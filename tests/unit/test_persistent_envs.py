@@ -203,6 +203,29 @@ def test_cache_sweeps_idle_envs_and_closes_a_stopped_run():
     assert lives["z"].env.closed == 1 and len(cache) == 0
 
 
+def test_an_eval_spreads_its_episodes_over_the_eval_envs():
+    """20 eval episodes on 4 envs, two of which play 50-step episodes and two 5-step ones: an env
+    that is free starts the next episode, so the eval takes 50 vector steps (fixed quotas of 5
+    episodes per env took 250). The counted episodes are the first 20 started, each played to
+    its end: 2 long and 18 short ones."""
+    from tests.fixtures.long_envs import Uneven
+
+    cfg = _cfg("dqn", length=5, task_env_steps=20)
+    cfg.env.env_id, cfg.env.env_kwargs, cfg.env.evaluator_env_num = "Uneven-v0", {"lengths": [5, 50]}, 4
+    task = {"eval_flag": True, "seed": 3, "task_id": "e0", "eval_episodes": 20}
+    Uneven.instances = 0
+    live = build_live_envs(cfg, task)
+    try:
+        Uneven.steps_taken = 0
+        info = Collector(cfg, task, FakeComm(_learner_weights(cfg)), live).run()
+        lengths = sorted(live.episodes.lengths)
+    finally:
+        live.close()
+    assert info["real_episode_count"] == 20 and lengths == [5] * 18 + [50] * 2, lengths
+    assert Uneven.steps_taken == 4 * 50, Uneven.steps_taken
+    assert info["step_count"] == sum(lengths) and info["reward_mean"] == 9.5
+
+
 def test_a_task_that_finished_no_episode_sends_no_reward():
     """No finished episode, no number: the finish info leaves out reward and episode figures
     rather than reporting 0.0 (issue: a zero-episode eval was stored as 0.0 and exported)."""

@@ -101,7 +101,7 @@ def ppo_cfg():
 
 
 def test_on_policy_source_returns_none_once_the_stop_flag_exists(fake_redis, ppo_cfg):
-    src = OnPolicySource(fake_redis, EXP, FakeLearner(), ppo_cfg, SCHEMA)
+    src = create_source("on_policy", fake_redis, EXP, FakeLearner(), ppo_cfg, SCHEMA, seed=0)
     fake_redis.set(keys.stop(EXP), "converged")
     t0 = time.monotonic()
     assert src() is None
@@ -109,7 +109,7 @@ def test_on_policy_source_returns_none_once_the_stop_flag_exists(fake_redis, ppo
 
 
 def test_on_policy_source_stop_flag_ends_a_waiting_call(fake_redis, ppo_cfg):
-    src = OnPolicySource(fake_redis, EXP, FakeLearner(), ppo_cfg, SCHEMA)
+    src = create_source("on_policy", fake_redis, EXP, FakeLearner(), ppo_cfg, SCHEMA, seed=0)
     result: list = []
     t = threading.Thread(target=lambda: result.append(src()), daemon=True)
     t.start()
@@ -143,7 +143,7 @@ def test_on_policy_source_waits_for_n_sample_rows_of_the_current_version(fake_re
 
 
 def test_on_policy_source_raises_when_the_reader_failed(fake_redis, ppo_cfg):
-    src = OnPolicySource(fake_redis, EXP, FakeLearner(), ppo_cfg, SCHEMA)
+    src = create_source("on_policy", fake_redis, EXP, FakeLearner(), ppo_cfg, SCHEMA, seed=0)
     src.reader = fake_reader()
     src.reader.error = ConnectionError("redis went away")
     with pytest.raises(RuntimeError, match="buffer reader failed.*redis went away"):
@@ -285,7 +285,7 @@ def test_replay_feeder_call_returns_a_sampled_batch_then_none_at_stop(fake_redis
 
 
 def test_create_source_refuses_unknown_kind(fake_redis, dqn_cfg):
-    with pytest.raises(ValueError, match="'bogus'"):
+    with pytest.raises(KeyError, match="'bogus'"):
         create_source("bogus", fake_redis, EXP, FakeLearner(), dqn_cfg, SCHEMA, seed=0)
 
 

@@ -16,7 +16,7 @@ from common import spaces
 from common.config import compile_config
 from common.policy import create_policy
 from common.spaces import SpaceError, SpaceSpec
-from tests.conftest import REPO
+from tests.conftest import REPO, newest_env_id
 from tests.fakes import FakeComm
 
 SHIFTED_ID = "RqrlTestShiftedActions-v0"
@@ -84,7 +84,7 @@ BOX_ENVS = [
     ("Pendulum-v1", (3,), "box", 1, ((-2.0,), (2.0,))),
 ]
 
-DISCRETE_OBS_ENVS = [("FrozenLake-v1", 16, 4), ("Taxi-v4", 500, 6), ("CliffWalking-v1", 48, 4)]
+DISCRETE_OBS_ENVS = [("FrozenLake-v1", 16, 4), (newest_env_id("Taxi"), 500, 6), (newest_env_id("CliffWalking"), 48, 4)]
 
 
 @pytest.mark.parametrize("env_id,obs_shape,kind,n,bounds", BOX_ENVS)
@@ -326,7 +326,7 @@ def test_rqrl_train_refuses_wrong_action_shape_before_launching(monkeypatch, cap
 # ---------------------------------------------------------------- a collector task on every space
 
 @pytest.mark.parametrize("env_id,algo", [("Pendulum-v1", "ppo"), ("MountainCarContinuous-v0", "ppo"), ("Acrobot-v1", "dqn"),
-                                         ("FrozenLake-v1", "dqn"), ("Taxi-v4", "ppo"), ("CliffWalking-v1", "dqn"),
+                                         ("FrozenLake-v1", "dqn"), (newest_env_id("Taxi"), "ppo"), (newest_env_id("CliffWalking"), "dqn"),
                                          (SHIFTED_ID, "dqn"), (SHIFTED_ID, "ppo")])
 def test_collector_task_produces_schema_rows_the_policy_learns_from(env_id, algo):
     """In process, no Redis: a collector task's chunks follow the policy schema (shape and dtype) and

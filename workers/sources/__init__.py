@@ -1,9 +1,19 @@
-"""How the learner gets its batches, chosen by the algorithm's ``data_source`` (common/policy/base.py).
+"""How the learner gets its batches: the learner side of the data source its algorithm names
+(``Algorithm.data_source``; the source's spec, registered in common/sources.py, names the class).
 
 A source is the learner's ``get_data``: it blocks (on a condition variable, with a timeout)
 until a batch may be formed and returns it, or returns None once the stop flag is set. The
-:class:`~workers.comm_learner.BufferReader` thread fills the source's store (a replay buffer or
-a rollout queue) from the buffer stream and wakes it with :meth:`DataSource.notify`.
+buffer reader thread (workers/comm_learner.py) fills the source's store from the buffer stream
+and wakes it with :meth:`DataSource.notify`. The loop it serves::
+
+    source = create_source(algorithm.data_source, conn, exp, learner, cfg, schema, seed, spec, group_size)
+    reader = BufferReader(..., store=source.store, notify=source.notify, ...); source.reader = reader
+    while (batch := source()) is not None:      # None at the stop flag
+        learner.train(batch); source.feedback(learner.priority_info)
+
+A source class subclasses :class:`DataSource`, takes :func:`create_source`'s arguments, keeps
+its rows in ``self.store`` (``check(chunk, what) -> rows`` and ``extend(chunk, version)``, as
+workers/replay_buffer.py's buffers) and implements ``_ready(envstep)`` and ``_take()``:
 
     replay     workers/sources/replay.py     uniform replay buffer + replay-ratio limiter
     on_policy  workers/sources/on_policy.py  rows of the current policy version only
@@ -13,28 +23,54 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+import importlib
+from typing import Any, Optional, Protocol
 
 import numpy as np
 import redis
 from easydict import EasyDict
 
+from common.sources import DataSourceSpec, get_source
 from common.spaces import SpaceSpec
 from workers.task import stop_requested
 
-if TYPE_CHECKING:
-    from workers.comm_learner import BufferReader
-    from workers.learner import BaseLearner
+
+class Learner(Protocol):
+    """What a source reads and sets on the learner it feeds (workers.learner.BaseLearner)."""
+
+    train_iter: int
+    collector_envstep: int
+    logger: Any
+
+
+class Reader(Protocol):
+    """What a source reads of the buffer reader that fills it (workers.comm_learner.BufferReader)."""
+
+    env_steps: int
+    env_steps_base: int
+    error: Optional[BaseException]
+
+    def consumed_env_steps(self) -> int: ...
+
+
+# How often the stop flag is read (one EXISTS): the learner's final checkpoint and report, which
+# the run's wrap-up waits for, start at most this long after the flag is set.
+_STOP_CHECK_S = 0.05
 
 
 class DataSource:
-    """Shared waiting, stop-flag and env-step accounting of the learner's data sources."""
+    """Shared waiting, stop-flag and env-step accounting of the learner's data sources.
 
-    #: publish weights every iteration (on-policy: collectors wait for each new version)
-    publish_every_iter = False
+    Args:
+        conn, exp: the run's Redis and key namespace (the stop flag).
+        learner: the learner it feeds.
+        spec: its registered spec (common/sources.py).
+        group_size: ranks of the data-parallel learner group it feeds one rank of (workers/ddp.py).
+    """
 
-    def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", group_size: int = 1) -> None:
+    def __init__(self, conn: redis.Redis, exp: str, learner: Learner, spec: DataSourceSpec, group_size: int = 1) -> None:
         self._conn, self._exp, self._learner = conn, exp, learner
+        self.spec = spec
         self.group_size = group_size
         self._cond = threading.Condition()
         self._next_stop_check = 0.0
@@ -42,11 +78,16 @@ class DataSource:
         # Env steps consumed before this learner started; read on the first call (before_run).
         self._base_envstep: Optional[int] = None
         self._base_iter = 0
-        self.reader: Optional["BufferReader"] = None
+        self.reader: Optional[Reader] = None
         self.wait_seconds = 0.0
         # A data-parallel group (workers/ddp.py) counts the env steps every rank consumed: the
         # buffer's stats hash, re-read whenever this rank's own count says "not yet".
         self._shared_seen = 0
+
+    @property
+    def publish_every_iter(self) -> bool:
+        """The learner publishes weights (and reports) every train iteration (the spec says so)."""
+        return self.spec.publish_every_iter
 
     def notify(self) -> None:
         """Wake the trainer thread (the reader inserted data, or failed)."""
@@ -56,7 +97,7 @@ class DataSource:
     def _stop_due(self) -> bool:
         now = time.monotonic()
         if now >= self._next_stop_check:
-            self._next_stop_check = now + 0.2
+            self._next_stop_check = now + _STOP_CHECK_S
             self._stopped = stop_requested(self._conn, self._exp)
         return self._stopped
 
@@ -111,32 +152,28 @@ class DataSource:
                 self._learner.collector_envstep = envstep
                 if self._ready(envstep):
                     break
-                self._cond.wait(timeout=0.2)
+                self._cond.wait(timeout=_STOP_CHECK_S)
         self.wait_seconds += time.perf_counter() - t0
         return self._take()
 
 
-def create_source(kind: str, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
+def create_source(kind: str, conn: redis.Redis, exp: str, learner: Learner, cfg: EasyDict,
                   schema: dict[str, Any], seed: int, spec: Optional[SpaceSpec] = None,
                   group_size: int = 1) -> DataSource:
-    """The source for ``kind`` (``replay`` or ``on_policy``) with its store (``source.store``).
-    With the env's ``spec``, a replay buffer keeps image frames once and checks its memory budget
-    first (common/memory_budget.py).
+    """The learner-side source registered as ``kind`` (common/sources.py), with its store
+    (``source.store``). With the env's ``spec``, a replay buffer keeps image frames once and
+    checks its memory budget first (common/memory_budget.py).
 
-    ``group_size`` > 1: one rank of a data-parallel learner group (workers/ddp.py; replay only).
+    ``group_size`` > 1: one rank of a data-parallel learner group (workers/ddp.py).
 
     Raises:
-        ValueError: an unknown kind, or a learner group on on-policy data.
-        common.memory_budget.MemoryBudgetError: the replay buffer would not fit in memory.
+        KeyError: an unknown kind (lists the registered ones).
+        ValueError: a learner group on a source that one learner must see whole.
+        common.memory_budget.MemoryBudgetError: a replay buffer would not fit in memory.
     """
-    if kind == "replay":
-        from workers.sources.replay import ReplayFeeder
-
-        return ReplayFeeder(conn, exp, learner, cfg, schema, seed, spec, group_size)
-    if group_size > 1:
-        raise ValueError(f"a learner group ({group_size} ranks) needs replay data, not {kind!r}")
-    if kind == "on_policy":
-        from workers.sources.on_policy import OnPolicySource
-
-        return OnPolicySource(conn, exp, learner, cfg, schema)
-    raise ValueError(f"unknown data source {kind!r}; known: replay, on_policy")
+    source = get_source(kind)
+    if group_size > 1 and not source.learner_groups:
+        raise ValueError(f"a learner group ({group_size} ranks) cannot share {kind!r} data: one learner must see it whole")
+    module, _, name = source.implementation.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(conn, exp, learner, cfg, schema, seed, spec, group_size, source=source)

@@ -10,7 +10,7 @@ of any other version is dropped when it arrives or when the learner moves on, an
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import redis
@@ -18,11 +18,9 @@ from easydict import EasyDict
 
 from common import frames
 from workers.replay_buffer import check_chunk
-from workers.sources import DataSource
-
-if TYPE_CHECKING:
-    from workers.learner import BaseLearner
-
+from common.sources import DataSourceSpec
+from common.spaces import SpaceSpec
+from workers.sources import DataSource, Learner
 
 class RolloutQueue:
     """Rows waiting for the train iteration of their policy version (thread-safe).
@@ -82,11 +80,10 @@ class RolloutQueue:
 class OnPolicySource(DataSource):
     """``learner.get_data``: all rows of the current version once there are ``n_sample`` of them."""
 
-    publish_every_iter = True
-
-    def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
-                 schema: dict[str, Any]) -> None:
-        super().__init__(conn, exp, learner)
+    def __init__(self, conn: redis.Redis, exp: str, learner: Learner, cfg: EasyDict, schema: dict[str, Any],
+                 seed: int = 0, spec: Optional[SpaceSpec] = None, group_size: int = 1, *,
+                 source: DataSourceSpec) -> None:
+        super().__init__(conn, exp, learner, source, group_size)
         self.store = RolloutQueue(schema, lambda: learner.train_iter)
         self._rows = max(1, int(cfg.policy.collect.n_sample))
 

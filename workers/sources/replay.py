@@ -15,7 +15,7 @@ collector side: each published policy carries ``envstep_limit`` = base + ``repla
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 import redis
@@ -24,11 +24,8 @@ from easydict import EasyDict
 from common import frames, memory_budget
 from common.spaces import SpaceSpec
 from workers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
-from workers.sources import DataSource
-
-if TYPE_CHECKING:
-    from workers.learner import BaseLearner
-
+from common.sources import DataSourceSpec
+from workers.sources import DataSource, Learner
 
 def ratio_allows(iters: int, env_steps: int, start: int, ratio: float) -> bool:
     """Whether a learner that made ``iters`` train iterations since it started may make another,
@@ -63,9 +60,10 @@ class ReplayFeeder(DataSource):
     before the first update.
     """
 
-    def __init__(self, conn: redis.Redis, exp: str, learner: "BaseLearner", cfg: EasyDict,
-                 schema: dict[str, Any], seed: int, spec: Optional[SpaceSpec] = None, group_size: int = 1) -> None:
-        super().__init__(conn, exp, learner, group_size)
+    def __init__(self, conn: redis.Redis, exp: str, learner: Learner, cfg: EasyDict,
+                 schema: dict[str, Any], seed: int, spec: Optional[SpaceSpec] = None, group_size: int = 1, *,
+                 source: DataSourceSpec) -> None:
+        super().__init__(conn, exp, learner, source, group_size)
         rb = cfg.policy.other.replay_buffer
         size = max(1, int(rb.replay_buffer_size) // group_size)
         framed: list[str] = []
