@@ -23,16 +23,16 @@ def test_a_learner_failing_every_time_is_not_hidden_by_finishing_collectors(tmp_
     cm = c.commander
     for i in range(3):
         learner = cm.get_learner_task()
-        c.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
+        c.tasks.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
         collector = cm.get_collector_task()
-        c.running[collector["task_id"]] = {"task": collector, "kind": "collector", "started": True}
-        c._route({"type": "failed", "task_id": learner["task_id"], "task_type": "learner", "error": "boom"})
-        c._route(_finish_info(collector))
-    assert c._failures_in_a_row == {"collector": 0, "learner": 3}
+        c.tasks.running[collector["task_id"]] = {"task": collector, "kind": "collector", "started": True}
+        c.router.route({"type": "failed", "task_id": learner["task_id"], "task_type": "learner", "error": "boom"})
+        c.router.route(_finish_info(collector))
+    assert c.tasks.failures_in_a_row == {"collector": 0, "learner": 3}
     # A learner that reports progress is not failing in a row any more.
     learner = cm.get_learner_task()
-    c.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
-    c._route({"type": "learner_info", "task_id": learner["task_id"], "task_type": "learner", "train_iter": 5,
+    c.tasks.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
+    c.router.route({"type": "learner_info", "task_id": learner["task_id"], "task_type": "learner", "train_iter": 5,
               "collector_envstep": 100})
-    assert c._failures_in_a_row["learner"] == 0
+    assert c.tasks.failures_in_a_row["learner"] == 0
     c.tb.close()
