@@ -51,12 +51,13 @@ class EventReader:
         """New events (at most 1,000), waiting at most ``block_ms`` milliseconds for the first.
 
         Raises:
-            CoordinatorError: the stream lost its consumer group (Redis restarted empty, or flushed).
+            CoordinatorError: the stream or its consumer group is gone (Redis restarted empty, or flushed).
         """
         try:
             return streams.read_group(self.conn, self.stream, keys.COORDINATOR_GROUP, self.consumer, 1000, block_ms)
         except redis.ResponseError as e:
-            if "NOGROUP" in str(e):
+            # NOGROUP between reads; Redis 7 answers a read blocked on a stream that vanished with UNBLOCKED.
+            if "NOGROUP" in str(e) or "UNBLOCKED the stream key no longer exists" in str(e):
                 raise CoordinatorError(f"{self.stream} lost its consumer group: was Redis restarted without "
                                        "persistence or flushed? See docs/deploy.md on AOF.") from None
             raise
