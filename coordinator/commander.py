@@ -62,7 +62,12 @@ def _plain(obj: Any) -> Any:
 
 
 class BaseCommander(ABC):
-    """The commander seam (as the seed's BaseCommander): hand out tasks, digest their results."""
+    """The commander seam (as the seed's BaseCommander): hand out tasks, digest their results.
+
+    The coordinator calls the methods below and reads the properties; a subclass that lacks one
+    cannot be built (``TypeError`` naming the missing members), so a second commander never
+    silently produces no best.pt or final.pt.
+    """
 
     @abstractmethod
     def get_collector_task(self) -> Optional[dict]:
@@ -91,6 +96,56 @@ class BaseCommander(ABC):
     @abstractmethod
     def update_learner_info(self, task_id: str, info: dict) -> None:
         """Record a learner progress report."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The commander's state as plain JSON values; the coordinator writes it with every
+        transaction, and a restarted coordinator adopts it (:meth:`load_state_dict`)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+
+    @abstractmethod
+    def restore(self, state: dict[str, Any], clock_shift_s: float, train_iter: int, consumed_env_steps: int) -> None:
+        """Load ``state`` (from the run folder's ``resume.json``) into a fresh Redis: no task of the
+        old run is running, its times are moved by ``clock_shift_s`` seconds (the pause is not
+        counted), and the learner resumes from a checkpoint at ``train_iter`` that had consumed
+        ``consumed_env_steps`` env steps."""
+
+    @abstractmethod
+    def summary(self) -> dict[str, Any]:
+        """Flat scalars (int, float, bool, str or None) for ``rqrl:{exp}:commander``, ``rqrl status``
+        and summary.json. The coordinator reads ``collector_task_space``, ``policy_id`` and
+        ``buffer_id`` (ids of the current learner's policy and buffer, "" when none) from it."""
+
+    @property
+    @abstractmethod
+    def total_envstep(self) -> int:
+        """Env steps collected so far (a running total)."""
+
+    @property
+    @abstractmethod
+    def train_iter(self) -> int:
+        """The learner's train iterations so far (= the newest policy version)."""
+
+    @property
+    @abstractmethod
+    def last_eval(self) -> Optional[dict]:
+        """The newest finished eval, or None before one: ``reward_mean`` (absent when it finished no
+        episode), ``policy_version``, ``envstep``, ``policy_envstep``."""
+
+    @property
+    @abstractmethod
+    def best_eval(self) -> dict:
+        """The best eval so far (empty before one): ``task_id``, ``reward_mean``, ``policy_version``;
+        the coordinator copies the weights that eval played to ``best.pt``."""
+
+    @property
+    @abstractmethod
+    def final_eval_task(self) -> Optional[str]:
+        """The eval task whose weights passed (and were confirmed), which final.pt exports; None
+        until the run converges."""
 
     def follow_collector_workers(self, workers: int) -> None:
         """``workers`` collector workers are live (the coordinator calls this whenever the count
@@ -477,6 +532,17 @@ class SoloCommander(BaseCommander):
         self._final_task = state.get("final_task")
         self._lost_group = state.get("lost_group")
 
+    def restore(self, state: dict[str, Any], clock_shift_s: float, train_iter: int, consumed_env_steps: int) -> None:
+        for ev in state["evaluator_info"]:
+            ev["time"] = float(ev.get("time", 0.0)) + clock_shift_s
+        state["last_eval"]["time"] = float(state["last_eval"]["time"]) + clock_shift_s
+        for name in ("collector_task_space", "learner_task_space"):
+            state[name]["cur"] = state[name]["min_val"]  # no task of the old run is running
+        state.update(eval_in_flight=None, eval_own_slot=False, confirm=None, end_flag=False, final_task=None,
+                     resume_learner=True,
+                     learner_info=[{"train_iter": train_iter, "collector_envstep": consumed_env_steps}])
+        self.load_state_dict(state)
+
     # ------------------------------------------------------------------ inspection
     @property
     def evaluations(self) -> list[dict]:
@@ -535,4 +601,8 @@ def create_commander(cfg: EasyDict, **kwargs: Any) -> BaseCommander:
     create = cfg.get("create") or {}
     ctype = create.get("commander", {}).get("type", "solo")
     import_names(create.get("commander", {}).get("import_names", []))
-    return COMMANDER_REGISTRY.build(ctype, cfg, **kwargs)
+    commander = COMMANDER_REGISTRY.build(ctype, cfg, **kwargs)
+    if not isinstance(commander, BaseCommander):
+        raise TypeError(f"commander {ctype!r} ({type(commander).__name__}) does not subclass "
+                        "coordinator.commander.BaseCommander, the contract the coordinator relies on")
+    return commander

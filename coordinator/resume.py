@@ -105,22 +105,16 @@ class ResumePoint:
         point = json.loads(path.read_text())
         state, version, consumed = point["commander"], int(point["ckpt_train_iter"]), int(point["consumed_env_steps"])
         t0 = t0 - float(point["wall_seconds"])  # the pause is not counted
-        shift = t0 - float(point["t0"])  # eval times move with the clock, so eval_interval counts run time
-        for ev in state["evaluator_info"]:
-            ev["time"] = float(ev.get("time", point["t0"])) + shift
-        state["last_eval"]["time"] = float(state["last_eval"]["time"]) + shift
-        for name in ("collector_task_space", "learner_task_space"):
-            state[name]["cur"] = state[name]["min_val"]  # no task of the old run is running
-        state.update(eval_in_flight=None, eval_own_slot=False, confirm=None, end_flag=False, final_task=None,
-                     resume_learner=True, learner_info=[{"train_iter": version, "collector_envstep": consumed}])
-        self.commander.load_state_dict(state)
+        # Eval times move with the clock, so eval_interval counts run time.
+        self.commander.restore(state, t0 - float(point["t0"]), version, consumed)
         self.ckpt_on_disk = version
         blobstore.put_versioned(self.conn, keys.ckpt(self.exp, "latest"), ckpt.read_bytes(), version,
                                 meta={"train_iter": version, "ts": round(time.time(), 3), "format": "torch"})
         pipe = self.conn.pipeline(transaction=True)
         pipe.set(keys.envstep(self.exp), consumed)
-        if state.get("current_buffer_id"):
-            pipe.hset(keys.buffer_stats(self.exp, state["current_buffer_id"]), "env_steps", consumed)
+        buffer_id = self.commander.summary()["buffer_id"]
+        if buffer_id:
+            pipe.hset(keys.buffer_stats(self.exp, buffer_id), "env_steps", consumed)
         lines = read_lines(self.out)
         if lines:
             pipe.rpush(keys.evals(self.exp), *lines)

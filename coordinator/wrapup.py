@@ -96,7 +96,7 @@ class WrapUp:
 
     def export_best(self) -> None:
         """Keep ``best.pt`` = the best-evaluated weights so far (copied from what that eval played)."""
-        best = getattr(self.commander, "best_eval", {})
+        best = self.commander.best_eval
         if not best or best.get("task_id") == self._best_written:
             return
         got = blobstore.get_versioned(self.conn, keys.evaluated_policy(self.exp, best["task_id"]))
@@ -163,8 +163,8 @@ class WrapUp:
         cm = self.commander
         resume_state = cm.state_dict()  # what --resume continues from (with the learner's last checkpoint)
         last = cm.last_eval or {}
-        final_task = getattr(cm, "final_eval_task", None)
-        best = dict(getattr(cm, "best_eval", {}))
+        final_task = cm.final_eval_task
+        best = cm.best_eval
         # No eval yet, or none with a finished episode: None (null in summary.json), never 0.
         self._at_stop = {"envstep": cm.total_envstep, "train_iter": cm.train_iter,
                          "final_eval_task": final_task or "", "best_eval_reward_mean": best.get("reward_mean"),

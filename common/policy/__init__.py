@@ -59,9 +59,17 @@ def create_policy(cfg: EasyDict, spec: Any, modes: tuple[str, ...] = ("learn", "
 
     Raises:
         KeyError: unknown policy type.
+        TypeError: the class is not a :class:`Policy` subclass, leaves one of its abstract methods
+            out, or skips ``Policy.__init__`` (the attributes the workers read would be missing).
     """
     module, _, cls = algorithm_of(cfg).policy_class.partition(":")
-    return getattr(importlib.import_module(module), cls)(cfg, spec, modes, device)
+    policy = getattr(importlib.import_module(module), cls)(cfg, spec, modes, device)
+    if not isinstance(policy, Policy):
+        raise TypeError(f"{module}:{cls} does not subclass common.policy.base.Policy, the contract the workers rely on")
+    missing = [a for a in ("cfg", "spec", "modes", "device") if not hasattr(policy, a)]
+    if missing:
+        raise TypeError(f"{module}:{cls} has no {', '.join(missing)}: its __init__ must call Policy.__init__")
+    return policy
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "Policy", "algorithm_of", "create_policy", "get_algorithm", "register_algorithm"]
