@@ -22,6 +22,7 @@ from easydict import EasyDict
 from common import blobstore, keys, lease, phases, serialization, streams
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
+from coordinator import closing
 from coordinator.commander import BaseCommander
 from coordinator.resume import write_atomic
 from coordinator.task_table import TaskTable
@@ -33,11 +34,6 @@ EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 _LEARNER_FIGURES = ("wait_share", "train_iter_per_sec", "train_s", "sched_wait_share", "cpu_s", "pushed", "chunks",
                     "expired", "corrupt", "malformed", "redelivered", "stale_chunks", "stale_rows", "policy_lag_p50",
                     "policy_lag_p95", "policy_lag_max")
-
-
-def _fmt(value: Any) -> str:
-    """An eval figure for the closing lines: 2 decimals, or ``-`` (no eval, or one that finished no episode)."""
-    return f"{value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
 def stop_reason(cfg: EasyDict, commander: BaseCommander, tasks: TaskTable, converged: bool,
@@ -205,26 +201,14 @@ class WrapUp:
         learner = {f"learner_{k}": v for k, v in self.learner_final.items()}
         if events_lost:
             learner["events_lost"] = events_lost
+        curve = self._curve_to_draw()
         summary = self.write_summary(status=reason, exit_code=code, final_pt=str(final) if final else "",
+                                     stop_value=self.cfg.env.stop_value, curve_png=str(curve) if curve else "",
                                      **self._at_stop, **learner)
         summary["phases"] = self._phases_at_end()
         self.out.mkdir(parents=True, exist_ok=True)
         write_atomic(self.out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
-        curve = self._curve_to_draw()
-        lines = [
-            f"rqrl {self.exp}: {reason}",
-            f"  wall time      {summary['wall_seconds']:.1f} s",
-            f"  env steps      {summary['envstep']}",
-            f"  train iters    {summary['train_iter']}",
-            f"  last eval      {_fmt(summary['last_eval_reward_mean'])} (stop_value {self.cfg.env.stop_value})",
-            f"  final policy   {final or 'not saved'}" + (
-                f" (policy version {summary.get('final_policy_version')}"
-                + (", the weights the converging eval played)" if summary.get("final_eval_task") else ")")
-                if final else ""),
-            f"  curve          {curve or 'no evaluations'}",
-            f"  phases         {phases.render(summary['phases'])}",
-        ]
-        print("\n".join(lines), flush=True)
+        print(closing.render(summary), flush=True)
         self._signal_done(code)
         if curve is not None:  # after the summary: rqrl train does not wait for the plot
             self._plot_curve()
