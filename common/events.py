@@ -3,7 +3,7 @@
 Each entry has the fields ``type`` (one of :data:`EVENT_TYPES`), ``task_id``, ``task_type``
 (``collector`` or ``learner``), ``ts`` (unix seconds) and the event's own scalar fields, e.g.::
 
-    redis-cli XRANGE rqrl:cartpole_dqn:events - + COUNT 5
+    redis-cli XRANGE rqrl:cartpole_dqn/20261130T021500Z-s0:events - + COUNT 5
     ... type finished task_id collector_task_3f2a... task_type collector eval_flag true reward_mean 200.4 ...
 """
 

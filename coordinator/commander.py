@@ -39,6 +39,7 @@ from typing import Any, Optional
 from easydict import EasyDict
 
 from common import events, keys
+from common.config import to_plain
 from common.policy import algorithm_of
 from common.seeding import task_seed
 from common.registry import COMMANDER_REGISTRY
@@ -50,15 +51,6 @@ _LEARNER_INFO_HISTORY = 100
 def new_task_id(kind: str) -> str:
     """``{kind}_task_{16 hex chars}``: unique, and a valid RQ job id."""
     return f"{kind}_task_{uuid.uuid4().hex[:16]}"
-
-
-def _plain(obj: Any) -> Any:
-    """EasyDict -> plain dict/list, so RQ job payloads carry only builtin types."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
 
 
 class BaseCommander(ABC):
@@ -211,7 +203,7 @@ class SoloCommander(BaseCommander):
         self._learner_num = int(cfg.policy.learn.get("learner_num", 1))
         self._pending_ranks: list[dict] = []
         self._lost_group: Optional[str] = None
-        self._task_config = _plain(cfg)  # every task carries it; built once, never mutated
+        self._task_config = to_plain(cfg)  # every task carries it; built once, never mutated
 
     # ------------------------------------------------------------------ task creation
     @property

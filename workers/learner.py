@@ -8,7 +8,7 @@ seed's contract (hooks at ``before_run`` / ``before_iter`` / ``after_iter`` / ``
     learner.start():
         call_hook("before_run")            # load checkpoint, publish the initial policy
         while (batch := learner.get_data()) is not None:   # None at the stop flag
-            learner.train(batch)           # before_iter hooks, policy.learn_mode.forward, after_iter hooks
+            learner.train(batch)           # before_iter hooks, policy.learn(batch), after_iter hooks
         call_hook("after_run")             # save the final checkpoint
 
 Data arrives through a background :class:`~workers.comm_learner.BufferReader`; ``get_data`` is
@@ -25,6 +25,7 @@ with the other ranks on every batch; rank 0 alone publishes, checkpoints and sen
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -192,7 +193,8 @@ class BaseLearner:
         self._learner_done = False
         self.call_hook("before_run")
         try:
-            for _ in range(self._cfg.train_iterations):
+            limit = int(self._cfg.train_iterations)
+            for _ in (range(limit) if limit > 0 else itertools.count()):
                 t0 = time.perf_counter()
                 data = self.get_data()
                 self._log_buffer["scalar"]["data_time"].append(time.perf_counter() - t0)

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from easydict import EasyDict
 
+from common.config import DEFAULT_ALGORITHM
 from common.policy.base import Algorithm, Policy
 
 # name -> package whose __init__ (torch-free) defines ``ALGORITHM``
@@ -50,7 +51,7 @@ def get_algorithm(name: str) -> Algorithm:
 def algorithm_of(cfg: EasyDict) -> Algorithm:
     """The algorithm a compiled config names (``cfg.create.policy.type``)."""
     create = cfg.get("create") or {}
-    return get_algorithm(create.get("policy", {}).get("type", "dqn"))
+    return get_algorithm(create.get("policy", {}).get("type", DEFAULT_ALGORITHM))
 
 
 def create_policy(cfg: EasyDict, spec: Any, modes: tuple[str, ...] = ("learn", "collect", "eval"),
