@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from common import chunk_codec, events, frames, keys, spaces
+from common import chunk_codec, frames, keys, spaces
 from common.policy import algorithm_of, create_policy, export
 from common.seeding import env_seeds
 from common.sources import get_source
@@ -39,7 +39,7 @@ from workers import live_envs
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
 from workers.live_envs import EpisodeStats, LiveEnvs
-from workers.task import Heartbeat, TaskError, check_current, task_connection, task_namespace, validate_task
+from workers.task import check_current, task_connection, task_namespace, task_scope, validate_task
 
 log = logging.getLogger(__name__)
 
@@ -375,42 +375,35 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     t_entry = time.perf_counter()
     cfg = validate_task(task, "collector")
     conn = task_connection(task)
-    exp, task_id = task_namespace(task), task["task_id"]
+    exp = task_namespace(task)
     check_current(conn, task)
     comm = RedisCommCollector(conn, task, cfg.policy.collect.collector.data_ttl)
     cache = live_envs.CACHE
     key = (exp, task["run_id"], "eval" if task["eval_flag"] else "train")
-    try:
-        with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
-            comm.deal_with_collector_start()
-            try:
-                if cache is None:
-                    if not task["eval_flag"]:
-                        _notice_no_env_cache(conn)
-                    live = build_live_envs(cfg, task)
-                    try:
-                        info = _run(cfg, task, comm, live, t_entry)
-                        info["episodes_cut"] = 0 if task["eval_flag"] or comm.stop_flag else live.episodes.running
-                    finally:
-                        live.close()
-                else:
-                    with cache.borrow(key, lambda: build_live_envs(cfg, task)) as live:
-                        info = _run(cfg, task, comm, live, t_entry)
-                        info["episodes_cut"] = 0
-                    if comm.stop_flag:  # the run is ending: its envs are not needed again
-                        cache.close_run(exp, task["run_id"])
-            finally:
-                comm.close()
-            info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
-            info["policy_errors"] = comm.policy_errors
-            comm.deal_with_collector_close(info)
-        return info
-    except TaskError:
-        raise  # not this task's runner (a duplicate id): report nothing under its id
-    except Exception as e:
-        events.emit(conn, exp, "failed", task_id, "collector", error=f"{type(e).__name__}: {e}"[:2000],
-                    eval_flag=bool(task.get("eval_flag")))
-        raise
+    with task_scope(conn, task, "collector", cfg, lambda _e: {"eval_flag": bool(task.get("eval_flag"))}):
+        comm.deal_with_collector_start()
+        try:
+            if cache is None:
+                if not task["eval_flag"]:
+                    _notice_no_env_cache(conn)
+                live = build_live_envs(cfg, task)
+                try:
+                    info = _run(cfg, task, comm, live, t_entry)
+                    info["episodes_cut"] = 0 if task["eval_flag"] or comm.stop_flag else live.episodes.running
+                finally:
+                    live.close()
+            else:
+                with cache.borrow(key, lambda: build_live_envs(cfg, task)) as live:
+                    info = _run(cfg, task, comm, live, t_entry)
+                    info["episodes_cut"] = 0
+                if comm.stop_flag:  # the run is ending: its envs are not needed again
+                    cache.close_run(exp, task["run_id"])
+        finally:
+            comm.close()
+        info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
+        info["policy_errors"] = comm.policy_errors
+        comm.deal_with_collector_close(info)
+    return info
 
 
 def _run(cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs, t_entry: float) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from workers.comm_learner import BufferReader, checkpoint_bytes, load_checkpoint
 from workers.ddp import LearnerGroup, join
 from workers.learner_hooks import LearnerHook, build_hooks
 from workers.sources import create_source
-from workers.task import Heartbeat, TaskError, check_current, task_connection, task_namespace, validate_task
+from workers.task import check_current, task_connection, task_namespace, task_scope, validate_task
 
 
 class CheckpointStore:
@@ -472,17 +472,11 @@ def run_learner_task(task: dict) -> dict[str, Any]:
     """
     cfg = validate_task(task, "learner")
     conn = task_connection(task)
-    exp, task_id = task_namespace(task), task["task_id"]
     check_current(conn, task)
-    try:
-        with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
-            return _run_learner(conn, cfg, task)
-    except TaskError:
-        raise  # not this task's runner (a duplicate id): report nothing under its id
-    except Exception as e:
-        events.emit(conn, exp, "failed", task_id, "learner", error=f"{type(e).__name__}: {e}"[:2000],
-                    buffer_id=task["buffer_id"], fatal=bool(getattr(e, "fatal", False)))
-        raise
+    # A fatal error (non-finite weights, say) would fail a replacement the same way: the run stops.
+    with task_scope(conn, task, "learner", cfg,
+                    lambda e: {"buffer_id": task["buffer_id"], "fatal": bool(getattr(e, "fatal", False))}):
+        return _run_learner(conn, cfg, task)
 
 
 
