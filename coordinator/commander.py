@@ -571,7 +571,7 @@ class SoloCommander(BaseCommander):
             # None (JSON null, "" in the Redis hash) before the first eval; the reward also when
             # the last eval finished no episode.
             "last_eval_reward_mean": last.get("reward_mean"),
-            "last_eval_train_iter": last.get("train_iter"),
+            "last_eval_policy_version": last.get("policy_version"),
             "last_eval_envstep": last.get("envstep"),
             # Env steps the learner had consumed when it made the evaluated policy version.
             "last_eval_policy_envstep": last.get("policy_envstep"),

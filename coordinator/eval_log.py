@@ -27,7 +27,7 @@ def eval_record(ev: dict[str, Any], run_id: str, envstep: int, wall_seconds: flo
     """
     rec: dict[str, Any] = {
         "task_id": ev["task_id"], "run_id": run_id, "envstep": envstep,
-        "train_iter": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
+        "policy_version": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
         "episodes": int(ev.get("real_episode_count") or 0), "confirmation": ev.get("confirmation") is True,
         "time": ev.get("ts", time.time()), "wall_seconds": round(wall_seconds, 3)}
     reward = events.episode_figure(ev, "reward_mean")

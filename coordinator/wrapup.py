@@ -166,7 +166,7 @@ class WrapUp:
                          "final_eval_task": final_task or "", "best_eval_reward_mean": best.get("reward_mean"),
                          "best_policy_version": best.get("policy_version"),
                          "last_eval_reward_mean": last.get("reward_mean"),
-                         "last_eval_train_iter": last.get("train_iter"),
+                         "last_eval_policy_version": last.get("policy_version"),
                          "last_eval_envstep": last.get("envstep"),
                          "last_eval_policy_envstep": last.get("policy_envstep"),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}

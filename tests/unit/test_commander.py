@@ -376,7 +376,7 @@ def test_eval_finish_records_last_eval(small_cfg):
     assert c.last_eval["reward_mean"] == 12.5
     assert c.last_eval["envstep"] == 77
     s = c.summary()
-    assert s["last_eval_reward_mean"] == 12.5 and s["last_eval_train_iter"] == 4
+    assert s["last_eval_reward_mean"] == 12.5 and s["last_eval_policy_version"] == 4
     # An eval task's step_count does not count as collected env steps.
     assert c.total_envstep == 77
 
