@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from common.connection import connect
-from tests.conftest import REPO, rq_bin, run_rqrl, wait_gone, worker_env
+from tests.conftest import REPO, rq_bin, run_rqrl, wait_event, wait_gone, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
@@ -120,14 +119,13 @@ def test_limit_without_convergence_exits_2_and_a_rerun_starts_fresh(tmp_path, re
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_everything(tmp_path, redis_server, sig):
     exp = f"sig{int(sig)}_{os.getpid()}"
-    p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--set", f"exp_name={exp}",
-                          "--set", "env.stop_value=100000"], cwd=tmp_path, env=worker_env(""),
+    p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
+                          "--name", "r1", "--set", f"exp_name={exp}", "--set", "env.stop_value=100000"],
+                         cwd=tmp_path, env=worker_env(redis_server.url),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = tmp_path / exp / "latest" / "log" / "learner"
-    deadline = time.monotonic() + 90
-    while not log.is_dir() and time.monotonic() < deadline:  # the learner has started training
-        time.sleep(0.2)
-    time.sleep(2)
+    # Interrupted while it trains: the learner has reported a train iteration.
+    wait_event(connect(redis_server.url), f"{exp}/r1",
+               lambda e: e.get("type") == "learner_info" and int(e.get("train_iter", 0)) > 0, 120)
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 128 + int(sig), out + err[-3000:]
