@@ -486,7 +486,7 @@ def test_a_converged_run_exports_the_weights_its_eval_played_not_the_learners_la
     cm.get_learner_task()
     blobstore.put_versioned(fake_redis, keys.ckpt(c.exp, "final_model"), b"the learner's latest weights", 9)
     task = _eval_task(cm)
-    c.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    c.tasks.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
     blobstore.put_versioned(fake_redis, keys.evaluated_policy(c.exp, task["task_id"]), b"the evaluated weights", 3)
     _route(c, finished(task, 5, reward=-10.0))
     assert cm.end_flag
