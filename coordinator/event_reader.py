@@ -65,8 +65,9 @@ class EventReader:
     def reclaim(self) -> Iterator[Entries]:
         """Events an earlier coordinator of the run read but never acked, in batches (XAUTOCLAIM)."""
         self.ensure_group()
-        for claimed, _gone in streams.claim_pending(self.conn, self.stream, keys.COORDINATOR_GROUP, self.consumer,
-                                                    count=256):
+        # Trimmed entries (gone, or nil on Redis 6.2) carry nothing to route: check_trimmed reports the loss.
+        for claimed, _gone, _nil in streams.claim_pending(self.conn, self.stream, keys.COORDINATOR_GROUP,
+                                                          self.consumer, count=256):
             if claimed:
                 self.log.info("reclaimed %d unacked events", len(claimed))
                 yield claimed
