@@ -14,7 +14,8 @@ import torch
 from common.connection import connect
 from tests.conftest import REPO, rq_bin, run_rqrl, wait_event, wait_gone, worker_env
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+# The runs are bounded by env steps; the timeout is a hang guard only.
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
@@ -26,8 +27,8 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     exp = f"e2e_{os.getpid()}"
     # Short collector tasks, so some finish (and log collector scalars) before convergence.
     res = _rqrl("train", CONFIG, "--set", f"exp_name={exp}", "--set", "env.stop_value=150", "--seed", "1",
-                "--set", "commander.max_wall_seconds=150", "--set", "policy.collect.collector.task_env_steps=200",
-                cwd=tmp_path)
+                "--set", "commander.max_wall_seconds=0", "--set", "commander.max_env_step=60000",
+                "--set", "policy.collect.collector.task_env_steps=200", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert "converged" in res.stdout
     out = tmp_path / exp / "latest"
@@ -77,9 +78,10 @@ def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
                for i, q in enumerate(["learner", "collector", "collector"])]
     try:
         coord = subprocess.run([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--set", f"exp_name={exp}",
-                                "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=150",
+                                "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=0",
+                                "--set", "commander.max_env_step=60000",
                                 "--set", "policy.collect.collector.task_env_steps=400"],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert coord.returncode == 0, coord.stdout + coord.stderr[-3000:]
         # Readable metadata on the buffer stream, as `redis-cli XRANGE` shows it.
         summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
