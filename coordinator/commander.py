@@ -468,14 +468,6 @@ class SoloCommander(BaseCommander):
                 "collectors": self._collector_task_space.max_val}
         return self._algorithm.collect_setting(self._cfg.policy, info)
 
-    def increase_collector_task_space(self) -> None:
-        """One more collector may run (a collector joined)."""
-        self._collector_task_space.increase_space()
-
-    def decrease_collector_task_space(self) -> None:
-        """One collector fewer may run (a collector left)."""
-        self._collector_task_space.decrease_space()
-
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state, persisted by the coordinator so a restart resumes the run."""

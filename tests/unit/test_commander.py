@@ -181,24 +181,6 @@ def test_workers_joining_and_leaving_resize_the_space(small_cfg):
     assert t is not None and not t["eval_flag"] and c.get_collector_task() is None
 
 
-def test_increase_decrease_collector_task_space(small_cfg):
-    c = make(small_cfg, collector_task_space=1)
-    c.get_learner_task()
-    t1 = c.get_collector_task()
-    assert t1 and c.get_collector_task() is None
-    c.increase_collector_task_space()
-    assert c.summary()["collector_task_space"] == 2
-    t2 = c.get_collector_task()
-    assert t2 is not None and c.get_collector_task() is None
-    c.decrease_collector_task_space()
-    assert c.summary()["collector_task_space"] == 1
-    c.finish_collector_task(t1["task_id"], finished(t1))
-    # Still one running on a capacity of one: no new task.
-    assert c.get_collector_task() is None
-    c.finish_collector_task(t2["task_id"], finished(t2))
-    assert c.get_collector_task() is not None
-
-
 def test_task_dicts_are_plain_and_pickle(small_cfg):
     c = make(small_cfg)
     lt = c.get_learner_task()
