@@ -1,28 +1,22 @@
 """The coordinator daemon: runs a commander, dispatches its tasks on RQ, digests worker events.
 
 ``python -m coordinator CONFIG --redis-url URL`` (coordinator/__main__.py) runs
-:meth:`Coordinator.run`, a loop over parts that each own their state (no part calls another):
+:meth:`Coordinator.run`: a loop over parts that each own their state, wired here.
 
-* ownership.py: names the run and owns it (``rqrl:{exp}:coordinator``, a lock with a TTL: one
-  coordinator per run; ``{exp}`` is ``{exp_name}/{run_name}``, :func:`common.keys.namespace`).
-  The name is given (``--run-name``; ``rqrl train`` always gives one) or that of the newest
-  unfinished run of this experiment and seed in Redis (a restart), else a new one. An
-  unfinished run in Redis is adopted (commander state, running tasks, un-acked events
-  reclaimed); otherwise (or ``fresh=True``) what an earlier run left is cleared and a new run
-  id stamped, or, with ``resume``, the run is restored from its folder (resume.py);
-* task_table.py: the tasks enqueued on RQ (job id = task id, explicit ``job_timeout``) with
-  their write leases; router.py routes the events read from ``rqrl:{exp}:events`` (consumer
-  group ``coordinator``, event_reader.py) to the commander and the parts. Commander state,
-  task records and the events' acks are written in one MULTI/EXEC, so a crash at any point
-  neither loses nor double-counts an event;
-* liveness.py: tasks whose heartbeat expired or whose RQ job died before it started (checked
-  on a thread; their leases are revoked so a zombie cannot publish), and the live collector
-  workers that size the collector task space;
-* resume.py: each new learner checkpoint copied to the run folder with ``resume.json``;
-* wrapup.py: on convergence the stop flag, at most ``commander.finish_timeout`` seconds for
-  the learner's final checkpoint, final.pt, summary.json and exit 0; when ``max_env_step`` /
-  ``max_train_iter`` / ``max_wall_seconds`` pass first the same and exit 2; SIGINT / SIGTERM
-  likewise and exit 130.
+* ownership.py names the run (given, the newest unfinished one of this experiment and seed, or
+  new) and owns it (``rqrl:{exp}:coordinator``, a lock with a TTL; ``{exp}`` =
+  ``{exp_name}/{run_name}``). An unfinished run in Redis is adopted (commander state, running
+  tasks, un-acked events); else what an earlier run left is cleared and a new run id stamped,
+  or, with ``resume``, the run is restored from its folder (resume.py).
+* task_table.py holds the tasks enqueued on RQ with their write leases; router.py routes the
+  events read from ``rqrl:{exp}:events`` (event_reader.py). Coordinator state, task records and
+  the events' acks go in one MULTI/EXEC: a crash neither loses nor double-counts an event.
+* liveness.py finds dead tasks (heartbeat expired, RQ job gone before it started; on a thread)
+  and counts the live collector workers that size the collector task space.
+* resume.py copies each new learner checkpoint to the run folder with ``resume.json``.
+* wrapup.py ends the run: stop flag, the learner's last report (``commander.finish_timeout``),
+  final.pt, summary.json. Exit 0 on convergence, 2 when ``max_env_step`` / ``max_train_iter`` /
+  ``max_wall_seconds`` pass first, 1 on an error, 130 on SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
@@ -227,40 +221,34 @@ class Coordinator:
             self.ownership.release()
 
     def _loop(self) -> tuple[int, str]:
-        self.liveness.start()
-        try:
-            return self._loop_body()
-        finally:
-            self.liveness.stop()
-
-    def _loop_body(self) -> tuple[int, str]:
+        """Dispatch, route events and apply deaths until the run must stop; returns (exit code, reason)."""
         workers = Timers()
         workers.every(_WORKERS_EVERY_S, self.workers.poll)
         timers = Timers(clock=time.time)
         timers.every(_SETTING_EVERY_S, self.setting.publish)
         timers.every(1.0, self.ownership.keep_alive)
-        timers.every(1.0, self._save_records)
+        timers.every(1.0, lambda: self.wrapup.write_summary(running=True))  # for rqrl status
+        timers.every(1.0, lambda: self.resume_point.save(self.run_id, self.t0))
         timers.every(_TRIM_EVERY_S, lambda: self.event_reader.trim(time.time()))
-        while True:
-            if self._signal is not None:
-                return EXIT_INTERRUPTED, f"interrupted by {signal.Signals(self._signal).name}"
-            workers.poll()
-            self._dispatch()
-            converged = self._process_events(block_ms=500)
-            if self.router.fatal:
-                return EXIT_ERROR, self.router.fatal
-            self._apply_dead()
-            self._follow_failover()
-            self._dispatch()  # refill freed slots before the periodic work below
-            timers.poll()
-            stop = stop_reason(self.cfg, self.commander, self.tasks, converged, time.time() - self.t0)
-            if stop is not None:
-                return stop
-
-    def _save_records(self) -> None:
-        """The summary for ``rqrl status`` and the resume point in the run folder (every second)."""
-        self.wrapup.write_summary(running=True)
-        self.resume_point.save(self.run_id, self.t0)
+        self.liveness.start()
+        try:
+            while True:
+                if self._signal is not None:
+                    return EXIT_INTERRUPTED, f"interrupted by {signal.Signals(self._signal).name}"
+                workers.poll()
+                self._dispatch()
+                converged = self._process_events(block_ms=500)
+                if self.router.fatal:
+                    return EXIT_ERROR, self.router.fatal
+                self._apply_dead()
+                self._follow_failover()
+                self._dispatch()  # refill freed slots before the periodic work below
+                timers.poll()
+                stop = stop_reason(self.cfg, self.commander, self.tasks, converged, time.time() - self.t0)
+                if stop is not None:
+                    return stop
+        finally:
+            self.liveness.stop()
 
     # ------------------------------------------------------------------ dispatch
     def _dispatch(self) -> None:
