@@ -50,7 +50,6 @@ def _pick_config(args: argparse.Namespace) -> None:
         ConfigError: both or neither of CONFIG and ``--env``, ``--algo`` without ``--env``, or no
             preset for them (the message lists the presets).
     """
-
     args.preset = None
     if args.env is None:
         if args.algo is not None:
@@ -193,7 +192,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-
     print("Presets (rqrl train --env ID [--algo NAME]; the first algorithm of an env is its default):")
     print(presets.listing())
     return 0
