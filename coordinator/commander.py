@@ -327,16 +327,18 @@ class SoloCommander(BaseCommander):
         is_eval = bool(finished_task["eval_flag"])
         kind = "evaluator" if is_eval else "collector"
         train_iter = int(finished_task["policy_version"])  # the version the task acted with
+        # The task's env steps; collectors before the glossary's names called them step_count.
+        env_steps = int(finished_task["env_steps"] if "env_steps" in finished_task else finished_task["step_count"])
         figures = {name: events.episode_figure(finished_task, name) for name in events.EPISODE_FIELDS}
         figures["avg_time_per_step"] = events.figure(finished_task, "avg_time_per_step")
         info = {
             "train_iter": train_iter,
             "episode_count": int(finished_task.get("real_episode_count") or 0),
-            "step_count": finished_task["step_count"],
+            "env_steps": env_steps,
             **{k: v for k, v in figures.items() if v is not None},
         }
         if not is_eval:
-            self._total_collector_env_step += int(finished_task["step_count"])
+            self._total_collector_env_step += env_steps
         # Evals at INFO; a line per training task (thousands a minute with many collectors) at DEBUG.
         level = logging.INFO if is_eval else logging.DEBUG
         if self._logger is not None and self._logger.isEnabledFor(level):

@@ -76,7 +76,7 @@ class ChunkBuilder:
         return out
 
 
-def finish_info(stats: EpisodeStats, step_count: int, seconds: float, policy_version: int,
+def finish_info(stats: EpisodeStats, env_steps: int, seconds: float, policy_version: int,
                 eval_flag: bool) -> dict[str, Any]:
     """The seed's finish info of one task (times in seconds, steps in env steps): the episodes
     that finished during the task, whole episodes even when they began in an earlier task.
@@ -87,8 +87,8 @@ def finish_info(stats: EpisodeStats, step_count: int, seconds: float, policy_ver
     n = len(stats.returns)
     info: dict[str, Any] = {
         "real_episode_count": n,
-        "step_count": int(step_count),
-        "avg_time_per_step": seconds / step_count if step_count else 0.0,
+        "env_steps": int(env_steps),
+        "avg_time_per_step": seconds / env_steps if env_steps else 0.0,
         "policy_version": int(policy_version),
         "eval_flag": bool(eval_flag),
         "duration": round(seconds, 3),

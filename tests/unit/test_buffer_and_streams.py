@@ -400,13 +400,13 @@ def test_get_many(fake_redis):
 
 def test_emit_and_parse_roundtrip(fake_redis):
     eid = events.emit(fake_redis, "e1", "finished", "collector_task_abc", "collector", eval_flag=True,
-                      reward_mean=12.5, step_count=100)
+                      reward_mean=12.5, env_steps=100)
     entries = fake_redis.xrange(keys.events("e1"))
     assert entries[0][0] == eid
     ev = events.parse(keys.events("e1"), eid, entries[0][1])
     assert ev["type"] == "finished" and ev["task_id"] == "collector_task_abc"
     assert ev["task_type"] == "collector" and ev["eval_flag"] is True
-    assert ev["reward_mean"] == 12.5 and ev["step_count"] == 100
+    assert ev["reward_mean"] == 12.5 and ev["env_steps"] == 100
     assert abs(ev["ts"] - time.time()) < 60
 
 

@@ -11,7 +11,7 @@ from coordinator.daemon import Coordinator
 
 def _finish_info(task, reward=10.0):
     return {"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": task["eval_flag"],
-            "buffer_id": task["buffer_id"], "policy_version": 0, "real_episode_count": 4, "step_count": 100,
+            "buffer_id": task["buffer_id"], "policy_version": 0, "real_episode_count": 4, "env_steps": 100,
             "avg_step_per_episode": 25.0, "avg_time_per_step": 0.01, "avg_time_per_episode": 0.2,
             "reward_mean": reward, "reward_std": 1.0}
 

@@ -50,7 +50,7 @@ def finished(task, episodes, reward=None, legacy=False, policy_version=3):
     per-episode fields are absent; ``legacy``: an earlier collector's 0.0 with 0 episodes."""
     ev = {"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": task["eval_flag"],
           "buffer_id": task["buffer_id"], "policy_version": policy_version, "real_episode_count": episodes,
-          "step_count": 2824, "avg_time_per_step": 0.001, "ts": 1_700_000_000.0}
+          "env_steps": 2824, "avg_time_per_step": 0.001, "ts": 1_700_000_000.0}
     if reward is not None:
         ev.update(reward_mean=reward, reward_std=1.5, avg_step_per_episode=100.0, avg_time_per_episode=0.3)
     elif legacy:
@@ -101,7 +101,7 @@ def test_training_tasks_without_episodes_plot_no_reward(small_cfg):
     for legacy in (False, True):
         task = cm.get_collector_task()
         cm.finish_collector_task(task["task_id"], finished(task, 0, legacy=legacy))
-    assert {"collector_iter/step_count", "collector_iter/episode_count", "collector_iter/avg_time_per_step"} <= tb.tags()
+    assert {"collector_iter/env_steps", "collector_iter/episode_count", "collector_iter/avg_time_per_step"} <= tb.tags()
     assert not {t for t in tb.tags() if "reward" in t or "per_episode" in t}
     task = cm.get_collector_task()
     cm.finish_collector_task(task["task_id"], finished(task, 2, reward=-500.0))
