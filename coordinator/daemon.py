@@ -59,6 +59,7 @@ from common.redis_memory import oom_reason
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
+from coordinator.stall import StallGuard
 from coordinator.runs import link_latest, link_tensorboard, new_run_name, run_unfinished
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -211,8 +212,7 @@ class Coordinator:
         self._last_failure = ""
         self._dirty: set[str] = set()  # task ids whose record changed since the last _persist
         self._drop_leases: list[str] = []  # task ids whose leases the next _persist revokes
-        self._last_liveness = time.monotonic()
-        self._grace_until = 0.0
+        self._stall = StallGuard(float(cfg.commander.heartbeat_timeout))  # a Redis stall is no worker death
         # The liveness pass runs on a thread; the tasks it finds dead wait here for the loop.
         self._dead: queue.SimpleQueue[list[tuple[str, str]]] = queue.SimpleQueue()
         self._stop_liveness = threading.Event()
@@ -435,7 +435,7 @@ class Coordinator:
                              "new primary", ch["from"], ch["to"])
         self.failovers = changes
         # Heartbeats written during the failover were refused: give every task one period to beat again.
-        self._grace_until = time.monotonic() + float(self.cfg.commander.heartbeat_timeout)
+        self._stall.grace()
         c = self.cfg.commander
         stream = keys.events(self.exp)
         streams.ensure_group(self.conn, stream, keys.COORDINATOR_GROUP, start_id="0")
@@ -781,23 +781,23 @@ class Coordinator:
         """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
 
         Two round trips whatever the number of tasks: one MGET of the heartbeat keys, one
-        pipeline reading the status of the queued tasks' RQ jobs. After a stall of this pass (a
-        Redis pause, a dropped connection), workers get one heartbeat period to refresh before
-        missing heartbeats count as deaths.
+        pipeline reading the status of the queued tasks' RQ jobs. A heartbeat read that spanned
+        a stall (a Redis pause longer than the heartbeat TTL expires every heartbeat while no
+        worker can write) is not trusted, and workers get one heartbeat period after it to
+        refresh before missing heartbeats count as deaths (:class:`coordinator.stall.StallGuard`).
         """
-        now = time.monotonic()
-        if now - self._last_liveness > 3.0:
-            self._grace_until = now + float(self.cfg.commander.heartbeat_timeout)
-            self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
-                             now - self._last_liveness, self.cfg.commander.heartbeat_timeout)
-        self._last_liveness = now
         with self._enqueue_lock:
             snapshot = list(self.running.items())
         started = [t for t, e in snapshot if e["started"]]
         waiting = [t for t, e in snapshot if not e["started"]]
         dead = []
-        if started and now >= self._grace_until:
-            beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started])
+        beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started]) if started else []
+        # The clock is read after the reply: the reply that spanned a stall is the one to distrust.
+        trusted = self._stall.read_done()
+        if self._stall.stall_s:
+            self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
+                             self._stall.stall_s, self.cfg.commander.heartbeat_timeout)
+        if trusted:
             dead += [(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
                          f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
                      for t, beat in zip(started, beats) if beat is None]
