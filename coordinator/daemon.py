@@ -158,6 +158,11 @@ class CoordinatorError(RuntimeError):
     """The coordinator cannot run (e.g. another one owns the run)."""
 
 
+class RunLost(CoordinatorError):
+    """Mid-run, Redis no longer holds this coordinator's run (wiped, flushed, restarted without
+    persistence) or another coordinator took it over: the wrap-up leaves Redis alone."""
+
+
 class Coordinator:
     """One experiment's control loop (see module docstring).
 
@@ -223,6 +228,8 @@ class Coordinator:
         self._best_written: Optional[str] = None
         self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
         self._oom = False  # Redis answered OOM: the wrap-up is best effort
+        # Redis lost the run, or cannot be reached: the wrap-up writes the run folder from memory only.
+        self._hands_off = False
         self._last_event_id = ""  # the newest event read and acked: trimming never passes it
         self._next_trim = 0.0
         self._new_evals: list[dict[str, Any]] = []  # eval results to store with the next _persist
@@ -293,6 +300,7 @@ class Coordinator:
         saved = state.get("failures_in_a_row", {})
         self._failures_in_a_row = {"collector": 0, "learner": 0, **(saved if isinstance(saved, dict) else {})}
         self._last_event_id = str(state.get("last_event_id", ""))
+        self._best_written = state.get("best_written")  # the eval whose weights best.pt holds
         self.running = {k.decode(): json.loads(v) for k, v in self.conn.hgetall(keys.tasks(self.exp)).items()}
         self.resumed = True
         self.log.info("resuming run %s of %s: %d running tasks adopted, %d env steps, train iter %d",
@@ -396,7 +404,8 @@ class Coordinator:
         """Queue the commander state and the running tasks changed since the last call on ``pipe``
         (a MULTI pipeline); only changed task records are rewritten."""
         state = {"commander": self.commander.state_dict(), "run_id": self.run_id, "t0": self._t0,
-                 "failures_in_a_row": self._failures_in_a_row, "last_event_id": self._last_event_id}
+                 "failures_in_a_row": self._failures_in_a_row, "last_event_id": self._last_event_id,
+                 "best_written": self._best_written}
         pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
         if self._new_evals:
             pipe.rpush(keys.evals(self.exp), *[json.dumps(e) for e in self._new_evals])
@@ -461,7 +470,7 @@ class Coordinator:
 
     def _keep_alive(self) -> None:
         if not self.conn.exists(keys.run(self.exp)):
-            raise CoordinatorError(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
+            raise RunLost(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
                                    "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
         try:
             # Re-set the full TTL; fails atomically when the key expired or another coordinator holds it.
@@ -470,7 +479,7 @@ class Coordinator:
             # Expired during a stall (a Redis pause longer than the TTL) and nobody took it: take it back.
             if not self.lock.acquire(blocking=False, token=self.name):
                 owner = self.conn.get(keys.coordinator_alive(self.exp))
-                raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode() if owner else '?'}") from None
+                raise RunLost(f"lost ownership of {self.exp!r} to {owner.decode() if owner else '?'}") from None
             self.log.warning("ownership key %s had expired during a stall; re-acquired", keys.coordinator_alive(self.exp))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -489,6 +498,10 @@ class Coordinator:
                 code, reason = self._loop()
             except redis.OutOfMemoryError:
                 code, reason = EXIT_ERROR, self._out_of_memory()
+            except RunLost as e:
+                code, reason, self._hands_off = EXIT_ERROR, str(e), True
+            except redis.RedisError as e:  # e.g. unreachable after the client's retries (~15 s)
+                code, reason, self._hands_off = EXIT_ERROR, f"Redis failed: {type(e).__name__}: {e}", True
             # The wrap-up logs on this thread again, so its lines and the closing summary it
             # prints come out in order.
             restore_logging()
@@ -616,9 +629,10 @@ class Coordinator:
         try:
             entries = streams.read_group(self.conn, stream, keys.COORDINATOR_GROUP, self.name, 1000, block_ms)
         except redis.ResponseError as e:
-            if "NOGROUP" in str(e):
-                raise CoordinatorError(f"{stream} lost its consumer group: was Redis restarted without persistence "
-                                       "or flushed? See docs/deploy.md on AOF.") from None
+            # NOGROUP, or UNBLOCKED: the stream was deleted while this read waited on it.
+            if "NOGROUP" in str(e) or "UNBLOCKED" in str(e):
+                raise RunLost(f"Redis lost the state of run {self.exp!r} ({stream} lost its consumer group): was "
+                              "it restarted without persistence, or flushed? See docs/deploy.md on AOF.") from None
             raise
         return self._handle_entries(stream, entries)
 
@@ -855,7 +869,10 @@ class Coordinator:
         return reason
 
     def _best_effort(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> bool:
-        """Run a Redis write of the wrap-up; an OOM reply is logged, not raised (the run is ending)."""
+        """Run a Redis write of the wrap-up; an OOM reply is logged, not raised (the run is ending).
+        Skipped (False) once Redis lost the run or cannot be reached."""
+        if self._hands_off:
+            return False
         try:
             fn(*args, **kwargs)
             return True
@@ -900,13 +917,16 @@ class Coordinator:
                          "last_eval_envstep": last.get("envstep"),
                          "last_eval_policy_envstep": last.get("policy_envstep"),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
-        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and self.running:
+        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and self.running \
+                and not self._hands_off:
             # DEL needs no memory: without their leases the tasks stop at their next write.
             lease.revoke(self.conn, self.exp, *self.running)
         self._best_effort("cancel queued tasks", self._cancel_queued)
         timeout = float(self.cfg.commander.finish_timeout)
         if code == EXIT_INTERRUPTED or self._oom:
             timeout = min(timeout, 10.0)
+        if self._hands_off:
+            timeout = 0.0  # no learner can report through a Redis that lost the run
         deadline = time.time() + timeout
         while any(e["kind"] == "learner" for e in self.running.values()) and time.time() < deadline:
             if not self._best_effort("read events", self._process_events, block_ms=250):
@@ -951,6 +971,8 @@ class Coordinator:
     def _phases_at_end(self) -> dict[str, float]:
         """Record phase ``final_pt`` (final.pt is written, summary.json is next) and return the
         run's phases for summary.json (common/phases.py); what Redis cannot give is left out."""
+        if self._hands_off:
+            return {}
         self._best_effort("record phase final_pt", phases.record, self.conn, self.exp, "final_pt")
         try:
             return phases.read(self.conn, self.exp)
@@ -1013,6 +1035,23 @@ class Coordinator:
                 self.commander.notify_fail_collector_task(entry["task"])
         self._persist(self.conn.pipeline(transaction=True)).execute()
 
+    def _final_from_best(self, path: Path) -> Optional[Path]:
+        """``final.pt`` without Redis: a copy of ``best.pt`` when the best eval reached stop_value
+        (best.pt holds exactly the weights that eval played), else none."""
+        best = getattr(self.commander, "best_eval", {})
+        stop_value, reward = self.cfg.env.stop_value, best.get("reward_mean")
+        best_pt = self.out / "best.pt"
+        if (stop_value is None or reward is None or reward < float(stop_value) or not best_pt.is_file()
+                or best.get("task_id") != self._best_written):
+            self.log.warning("no final.pt: Redis no longer holds the run's weights and no eval reached stop_value "
+                             "(ckpt/latest.pth and resume.json remain for --resume)")
+            return None
+        _write_atomic(path, best_pt.read_bytes())
+        self._at_stop["final_policy_version"] = best.get("policy_version")
+        self.log.warning("final.pt is best.pt (eval reward_mean %.2f >= stop_value %s, not confirmed): Redis no "
+                         "longer holds the run", reward, stop_value)
+        return path
+
     def _export_final(self) -> Optional[Path]:
         """Write ``final.pt`` (common/policy/export.py: the acting weights, algorithm, config and spaces).
 
@@ -1024,6 +1063,8 @@ class Coordinator:
         """
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "final.pt"
+        if self._hands_off:
+            return self._final_from_best(path)
         final_task = self._at_stop.get("final_eval_task")
         got = blobstore.get_versioned(self.conn, keys.evaluated_policy(self.exp, final_task)) if final_task else None
         if got is not None:

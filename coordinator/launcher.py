@@ -46,6 +46,8 @@ _WORKER_CLASS = {keys.LEARNER_QUEUE: "workers.worker.PreloadWorker", keys.COLLEC
 # A collector worker that dies (it runs its tasks, and their envs, in its own process) is forked
 # again, as a supervisor would, at most this many times per worker.
 _MAX_RESTARTS = 5
+# Lines of the coordinator's log shown when it ended without its closing summary.
+_LAST_WORDS = 5
 # How long the background teardown lets the coordinator draw curve.png before stopping it.
 _CURVE_GRACE_S = 60.0
 
@@ -476,6 +478,10 @@ class Launcher:
                 block = [f"  phases         {phases.render(run_phases)}" if ln.startswith("  phases ") else ln
                          for ln in block]
             print("\n".join(block))
+        else:  # it ended before its summary (e.g. it could not claim the run): its last words say why
+            last = [scrub(ln, self.url) for ln in tail if ln.strip()][-_LAST_WORDS:]
+            print(f"the coordinator ended without a summary; the end of {self.log_dir / 'coordinator.log'}:\n"
+                  + "\n".join(f"  {ln}" for ln in last), file=sys.stderr)
 
     def _teardown_in_background(self) -> None:
         """Run :meth:`_teardown` in a detached process and return at once.

@@ -8,6 +8,7 @@ docs promise is lost.
 from __future__ import annotations
 
 import copy
+import json
 import queue
 import threading
 
@@ -87,3 +88,74 @@ def test_a_redis_stall_longer_than_the_heartbeat_timeout_kills_no_task(debug_red
         c.tb.close()
         worker.close()
         conn.close()
+
+
+def _passing_eval_run(conn, cfg, tmp_path) -> tuple[str, bytes]:
+    """A run whose eval reached stop_value (best.pt written, not yet confirmed), left unfinished in
+    Redis by a coordinator that then went away (its lock released, as after a crash). Returns the
+    run name and the weights the eval played."""
+    from common import blobstore
+
+    c1 = Coordinator(cfg, conn, tmp_path, run_name="r1")
+    c1._claim()
+    cm = c1.commander
+    cm.get_learner_task()
+    cm.update_learner_info("L", {"train_iter": 5, "collector_envstep": 100})
+    task = cm.get_collector_task()
+    while not task["eval_flag"]:
+        task = cm.get_collector_task()
+    c1.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    weights = f"weights of {task['task_id']}".encode()
+    blobstore.put_versioned(conn, keys.evaluated_policy(c1.exp, task["task_id"]), weights, 5)
+    c1._route({"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": True,
+               "buffer_id": task["buffer_id"], "policy_version": 5, "real_episode_count": 4, "step_count": 800,
+               "avg_time_per_step": 0.001, "reward_mean": 200.0, "reward_std": 1.0, "avg_step_per_episode": 200.0,
+               "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0})
+    c1._persist(conn.pipeline(transaction=True)).execute()
+    c1._export_best()
+    c1._persist(conn.pipeline(transaction=True)).execute()  # the loop's next write records best.pt's eval
+    assert (c1.out / "best.pt").read_bytes() == weights
+    c1.lock.release()
+    c1.tb.close()
+    return "r1", weights
+
+
+def test_a_run_whose_redis_state_was_wiped_writes_its_summary_and_final_pt(real_redis, redis_server, small_cfg,
+                                                                          tmp_path, capsys):
+    """Redis restarted without persistence mid-run (here FLUSHALL, the same empty server): the
+    coordinator stops with the reason, writes summary.json, and final.pt from best.pt since an eval
+    had reached stop_value; it writes nothing into the emptied Redis."""
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    cfg.env.stop_value = 195.0
+    cfg.commander.update(collector_task_space=2, eval_every_train_iter=1, eval_interval=0.0,
+                         confirm_eval_episodes=20)
+    run_name, weights = _passing_eval_run(real_redis, cfg, tmp_path)
+    c2 = Coordinator(cfg, real_redis, tmp_path, run_name=run_name)
+    commander_key = keys.commander(c2.exp)
+    real_redis.config_set("notify-keyspace-events", "Kh")
+    sub = connect(redis_server.url).pubsub()
+    sub.subscribe(f"__keyspace@0__:{commander_key}")
+    wiped = threading.Event()
+
+    def wipe_once_running() -> None:
+        # The resumed coordinator's first write of its state (its loop runs): then Redis loses everything.
+        for msg in sub.listen():
+            if msg["type"] == "message":
+                connect(redis_server.url).flushall()
+                wiped.set()
+                return
+
+    threading.Thread(target=wipe_once_running, daemon=True).start()
+    try:
+        code = c2.run()
+    finally:
+        sub.close()
+        real_redis.config_set("notify-keyspace-events", "")
+    assert wiped.is_set() and code == 1
+    summary = json.loads((c2.out / "summary.json").read_text())
+    assert "Redis lost the state of run" in summary["status"] and summary["exit_code"] == 1
+    assert summary["best_eval_reward_mean"] == 200.0 and summary["train_iter"] == 5
+    assert (c2.out / "final.pt").read_bytes() == weights
+    assert f"rqrl {c2.exp}: Redis lost the state of run" in capsys.readouterr().out
+    # Nothing of the run was written back into the emptied Redis.
+    assert not real_redis.exists(keys.stop(c2.exp)), "the wrap-up wrote into a Redis that lost the run"
