@@ -56,6 +56,7 @@ from common import blobstore, events, keys, lease, phases, serialization, stream
 from common.connection import primary_changes
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
+from common.rq_json import TaskSerializer
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
@@ -203,7 +204,8 @@ class Coordinator:
         self.tb = DeferredScalars(build_tb_writer(self.out / "tensorboard"))
         self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id,
                                                          run_name=self.run_name)
-        self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
+        # JSON payloads: no worker ever unpickles what it reads from Redis (common/rq_json.py).
+        self.queues = {kind: Queue(name, connection=conn, serializer=TaskSerializer) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
         self._signal: Optional[int] = None
         self.learner_final: dict[str, Any] = {}  # the learner's closing figures, for summary.json
@@ -1024,7 +1026,7 @@ class Coordinator:
 
     def _cancel_queued(self) -> None:
         waiting = [t for t, e in self.running.items() if not e["started"]]
-        for job in Job.fetch_many(waiting, connection=self.conn) if waiting else []:
+        for job in Job.fetch_many(waiting, connection=self.conn, serializer=TaskSerializer) if waiting else []:
             if job is not None and job.get_status(refresh=False) == JobStatus.QUEUED:
                 job.cancel()
         for t in waiting:

@@ -33,10 +33,12 @@ import tensorboard.compat.proto.event_pb2  # noqa: F401  (the learner's TensorBo
 import tensorboard.summary.writer.event_file_writer  # noqa: F401
 import redis
 import torch  # noqa: F401
+from rq import Queue
 from rq.worker import SimpleWorker, Worker
 
 import workers.collector  # noqa: F401
 from common.connection import with_retries
+from common.rq_json import TaskSerializer
 import workers.learner  # noqa: F401
 from workers import live_envs
 
@@ -55,10 +57,15 @@ class _RqrlWorker:
     and free memory would kill it), and the worker's address read as the least-privilege ACL
     user may (deploy/redis/users.acl.example)."""
 
-    def __init__(self, *args: Any, connection: Any = None, **kwargs: Any) -> None:
+    def __init__(self, queues: Any, *args: Any, connection: Any = None, serializer: Any = None,
+                 **kwargs: Any) -> None:
         if connection is not None:
             connection = with_retries(connection)
-        super().__init__(*args, connection=connection, **kwargs)
+        # JSON whatever -S says (common/rq_json.py): a worker that unpickles job payloads runs the
+        # code of whoever can write to the Redis. The queues are rebuilt by name so that they
+        # fetch jobs with it too (`rq worker` hands over queues made with its own -S).
+        names = [getattr(q, "name", q) for q in ([queues] if isinstance(queues, (str, Queue)) else queues)]
+        super().__init__(names, *args, connection=connection, serializer=TaskSerializer, **kwargs)
 
     def _set_ip_address(self, connection: Any) -> None:
         """The worker's address from ``CLIENT INFO``, as rq 3 reads it: rq 2.12 reads ``CLIENT

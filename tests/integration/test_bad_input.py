@@ -14,6 +14,7 @@ from workers.collector import run_collector_task
 from workers.envs import EnvError
 from common import lease
 from tests.conftest import initial_weights
+from common.rq_json import TaskSerializer
 
 pytestmark = pytest.mark.redis_server
 
@@ -50,7 +51,7 @@ def test_misbehaving_env_fails_the_task_with_a_clear_event(real_redis, redis_ser
 
 def test_hand_enqueued_bad_tasks_fail_and_the_worker_keeps_serving(real_redis, redis_server, small_cfg, tmp_path):
     conn, url = real_redis, redis_server.url
-    q = Queue(keys.COLLECTOR_QUEUE, connection=conn)
+    q = Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer)
     q.enqueue_call("workers.collector.run_collector_task", args=({"task_id": "t_missing", "exp_name": "x"},),
                    job_id="t_missing", timeout=60)
     q.enqueue_call("workers.collector.run_collector_task",

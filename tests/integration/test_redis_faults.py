@@ -159,3 +159,43 @@ def test_a_run_whose_redis_state_was_wiped_writes_its_summary_and_final_pt(real_
     assert f"rqrl {c2.exp}: Redis lost the state of run" in capsys.readouterr().out
     # Nothing of the run was written back into the emptied Redis.
     assert not real_redis.exists(keys.stop(c2.exp)), "the wrap-up wrote into a Redis that lost the run"
+
+
+class _RunsOnUnpickle:
+    """A payload that runs code while it is unpickled: it creates the file ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+@pytest.mark.parametrize("queue_name,worker_class", [("collector", "workers.worker.CollectorWorker"),
+                                                     ("learner", "workers.worker.PreloadWorker")])
+def test_a_pickled_job_pushed_onto_an_rqrl_queue_is_refused_not_run(real_redis, redis_server, tmp_path,
+                                                                     queue_name, worker_class):
+    """RQ's default serializer is pickle: a job hand-pushed with it must not run anything on an
+    rqrl worker (not even while its payload is decoded) and fails naming the JSON serializer; a
+    JSON job on the same queue still runs."""
+    import subprocess
+
+    from rq import Queue
+    from rq.job import Job
+
+    from common.rq_json import TaskSerializer
+    from tests.conftest import rq_bin, worker_env
+
+    marker = tmp_path / "pwned"
+    evil = Queue(queue_name, connection=real_redis).enqueue_call("builtins.len", args=(_RunsOnUnpickle(str(marker)),),
+                                                                 job_id="evil")
+    good = Queue(queue_name, connection=real_redis, serializer=TaskSerializer).enqueue_call(
+        "builtins.len", args=([1, 2, 3],), job_id="good")
+    res = subprocess.run([rq_bin(), "worker", queue_name, "--burst", "-w", worker_class], cwd=tmp_path,
+                         env=worker_env(redis_server.url), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not marker.exists(), "a pickled payload was unpickled: it ran code on the worker"
+    evil = Job.fetch("evil", connection=real_redis, serializer=TaskSerializer)
+    assert evil.get_status() == "failed"
+    assert "is not JSON" in (evil.latest_result().exc_string or ""), evil.latest_result().exc_string
+    assert Job.fetch(good.id, connection=real_redis, serializer=TaskSerializer).return_value() == 3
