@@ -49,7 +49,7 @@ import redis
 from easydict import EasyDict
 from redis.exceptions import LockError
 from redis.lock import Lock
-from rq import Queue, worker_registration
+from rq import Queue
 from rq.job import Callback, Job, JobStatus
 
 from common import blobstore, events, keys, lease, phases, serialization, streams
@@ -57,6 +57,7 @@ from common.connection import primary_changes
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.rq_json import TaskSerializer
+from common import worker_presence
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
@@ -135,17 +136,14 @@ def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
 
 
 def live_workers(conn: redis.Redis, queue: Queue) -> int:
-    """The ``rq worker`` processes listening on ``queue`` that are alive, per RQ's worker registry.
-
-    A worker joins the registry's set (``rq:workers:{queue}``) at its start and leaves it on a
-    warm or cold shutdown; one killed outright stays in the set until RQ's own key for it
-    expires (at most ``job_monitoring_interval`` + 60 s after its last heartbeat while it runs a
-    job, ``worker_ttl`` + 60 s while idle: 90 s and 480 s with RQ's defaults), so only members
-    whose key still exists count. Two round trips, whatever the number of workers (RQ's
-    ``Worker.all`` reads each worker's hash).
+    """The ``rq worker`` processes listening on ``queue`` that are alive
+    (:func:`common.worker_presence.count_live`): rqrl's workers by the alive key each refreshes
+    every 10 s (TTL 30 s), so a Redis that lost RQ's registry still sees them and a worker that
+    died stops counting within 30 s; stock ``rq worker`` processes by RQ's registry (a member
+    counts while its RQ key exists: up to 90 s after a kill while it runs a job, 480 s idle).
+    At most three round trips, whatever the number of workers.
     """
-    members = worker_registration.get_keys(queue=queue)
-    return int(conn.exists(*members)) if members else 0
+    return worker_presence.count_live(conn, queue.name)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -37,6 +37,7 @@ from rq import Queue
 from rq.worker import SimpleWorker, Worker
 
 import workers.collector  # noqa: F401
+from common import keys, worker_presence
 from common.connection import with_retries
 from common.rq_json import TaskSerializer
 import workers.learner  # noqa: F401
@@ -66,6 +67,36 @@ class _RqrlWorker:
         # fetch jobs with it too (`rq worker` hands over queues made with its own -S).
         names = [getattr(q, "name", q) for q in ([queues] if isinstance(queues, (str, Queue)) else queues)]
         super().__init__(names, *args, connection=connection, serializer=TaskSerializer, **kwargs)
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        """RQ's work loop, with this worker's alive key refreshed beside it (common/worker_presence.py:
+        the coordinator counts live collector workers from it, also after a Redis lost RQ's registry)."""
+        stop = threading.Event()
+        queues = [q.name for q in self.queues]
+        try:
+            keys.worker_alive(self.name)
+        except ValueError:  # a name that cannot be a key component: counted from RQ's registry only
+            return super().work(*args, **kwargs)
+        beat = threading.Thread(target=self._keep_alive, args=(stop, queues), name="presence", daemon=True)
+        beat.start()
+        try:
+            return super().work(*args, **kwargs)
+        finally:
+            stop.set()
+            beat.join(timeout=5)
+            try:
+                worker_presence.leave(self.connection, self.name, queues)
+            except redis.RedisError:
+                pass  # its key expires within worker_presence.TTL_S
+
+    def _keep_alive(self, stop: threading.Event, queues: list[str]) -> None:
+        while True:
+            try:
+                worker_presence.refresh(self.connection, self.name, queues)
+            except redis.RedisError:
+                pass  # a blip, a full Redis: the next refresh tries again; the TTL covers two misses
+            if stop.wait(worker_presence.REFRESH_S):
+                return
 
     def _set_ip_address(self, connection: Any) -> None:
         """The worker's address from ``CLIENT INFO``, as rq 3 reads it: rq 2.12 reads ``CLIENT

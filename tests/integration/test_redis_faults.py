@@ -199,3 +199,47 @@ def test_a_pickled_job_pushed_onto_an_rqrl_queue_is_refused_not_run(real_redis, 
     assert evil.get_status() == "failed"
     assert "is not JSON" in (evil.latest_result().exc_string or ""), evil.latest_result().exc_string
     assert Job.fetch(good.id, connection=real_redis, serializer=TaskSerializer).return_value() == 3
+
+
+def test_workers_still_count_after_redis_lost_rqs_registry(real_redis, redis_server, tmp_path):
+    """RQ registers a worker only at its birth: after a Redis restart without persistence (here
+    FLUSHALL) its registry is empty while the workers serve. The coordinator's count comes back
+    within one refresh of rqrl's alive keys."""
+    import signal
+    import subprocess
+
+    from rq import Queue
+
+    from common import worker_presence
+    from coordinator.daemon import live_workers
+    from tests.conftest import rq_bin, worker_env
+
+    queue = Queue(keys.COLLECTOR_QUEUE, connection=real_redis)
+    real_redis.config_set("notify-keyspace-events", "Ks")
+    sub = connect(redis_server.url).pubsub()
+    sub.subscribe(f"__keyspace@0__:{keys.workers_alive(keys.COLLECTOR_QUEUE)}")
+
+    def until_count(n: int) -> None:
+        """Block on the set's keyspace events (a worker's refresh) until the count is ``n``."""
+        for _ in range(20):  # a hang guard only: each worker refreshes every 10 s
+            if live_workers(real_redis, queue) == n:
+                return
+            sub.get_message(timeout=worker_presence.REFRESH_S + 5)
+        raise AssertionError(f"live collector workers never reached {n}: {live_workers(real_redis, queue)}")
+
+    procs = [subprocess.Popen([rq_bin(), "worker", keys.COLLECTOR_QUEUE, "-w", "workers.worker.CollectorWorker",
+                               "--name", f"wipe-{i}"], cwd=tmp_path, env=worker_env(redis_server.url),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
+    try:
+        until_count(2)
+        real_redis.flushall()  # what a restart without persistence leaves
+        until_count(2)
+        assert real_redis.scard("rq:workers:collector") == 0  # RQ's registry is still empty
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=60)
+        sub.close()
+        real_redis.config_set("notify-keyspace-events", "")
+    assert live_workers(real_redis, queue) == 0  # a worker that stops leaves at once
