@@ -62,6 +62,7 @@ from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
 from coordinator.stall import StallGuard
+from coordinator.bundles import EvalBundles
 from coordinator.runs import link_latest, link_tensorboard, new_run_name, run_unfinished
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -72,6 +73,8 @@ _ALIVE_TTL_S = 6.0
 # Events the coordinator has read stay this long on the stream (rqrl status, the launcher's
 # progress line); unread ones are never trimmed. Eval results are kept whole in rqrl:{exp}:evals.
 _EVENTS_RETENTION_S = 600.0
+# Eval records kept in rqrl:{exp}:evals (newest; ~300 B each): the run folder's evals.jsonl has all.
+_EVALS_KEPT = 2000
 _TRIM_EVERY_S = 5.0
 # How often the collector workers are counted (two round trips), so a worker that joins gets a
 # task within about a second without the registry being read on every pass of the loop.
@@ -226,6 +229,7 @@ class Coordinator:
         self._enqueue_lock = threading.Lock()
         self.resumed = False
         self._best_written: Optional[str] = None
+        self._bundles = EvalBundles()  # eval bundles in Redis: pruned to what can still be exported
         self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
         self._oom = False  # Redis answered OOM: the wrap-up is best effort
         # Redis lost the run, or cannot be reached: the wrap-up writes the run folder from memory only.
@@ -301,6 +305,7 @@ class Coordinator:
         self._failures_in_a_row = {"collector": 0, "learner": 0, **(saved if isinstance(saved, dict) else {})}
         self._last_event_id = str(state.get("last_event_id", ""))
         self._best_written = state.get("best_written")  # the eval whose weights best.pt holds
+        self._bundles = EvalBundles(state.get("eval_bundles", ()))
         self.running = {k.decode(): json.loads(v) for k, v in self.conn.hgetall(keys.tasks(self.exp)).items()}
         self.resumed = True
         self.log.info("resuming run %s of %s: %d running tasks adopted, %d env steps, train iter %d",
@@ -405,10 +410,11 @@ class Coordinator:
         (a MULTI pipeline); only changed task records are rewritten."""
         state = {"commander": self.commander.state_dict(), "run_id": self.run_id, "t0": self._t0,
                  "failures_in_a_row": self._failures_in_a_row, "last_event_id": self._last_event_id,
-                 "best_written": self._best_written}
+                 "best_written": self._best_written, "eval_bundles": sorted(self._bundles.stored)}
         pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
         if self._new_evals:
             pipe.rpush(keys.evals(self.exp), *[json.dumps(e) for e in self._new_evals])
+            pipe.ltrim(keys.evals(self.exp), -_EVALS_KEPT, -1)  # evals.jsonl in the run folder keeps them all
             self._write_evals_file(self._new_evals)
             self._new_evals = []
         # The config, the bulk of a task, is left out: the coordinator has it (a resumed run too).
@@ -652,6 +658,7 @@ class Coordinator:
         pipe.xack(stream, keys.COORDINATOR_GROUP, *[e for e, _ in entries])
         pipe.execute()
         self._export_best()
+        self._bundles.prune(self.conn, self.exp, self.commander.eval_bundles_in_use)
         return converged
 
     def _export_best(self) -> None:
@@ -690,6 +697,7 @@ class Coordinator:
             if kind == "collector":
                 converged = self.commander.finish_collector_task(tid, ev)
                 if ev.get("eval_flag") is True:
+                    self._bundles.add(tid)
                     self._new_evals.append(eval_record(ev, self.run_id, self.commander.total_envstep,
                                                        time.time() - self._t0))
                     self._note_eval_phase(ev)

@@ -243,3 +243,58 @@ def test_workers_still_count_after_redis_lost_rqs_registry(real_redis, redis_ser
         sub.close()
         real_redis.config_set("notify-keyspace-events", "")
     assert live_workers(real_redis, queue) == 0  # a worker that stops leaves at once
+
+
+def test_only_the_eval_bundles_that_can_still_be_exported_stay_in_redis(real_redis, small_cfg, tmp_path, monkeypatch):
+    """Each eval stores the bundle it played. Superseded ones are deleted at once: what stays is
+    the best (best.pt), the one under confirmation and the converged one (final.pt); the eval
+    list in Redis is capped (evals.jsonl keeps every eval)."""
+    from common import blobstore
+    from coordinator import daemon
+
+    monkeypatch.setattr(daemon, "_EVALS_KEPT", 3, raising=False)
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    cfg.env.stop_value = 195.0
+    cfg.commander.update(collector_task_space=2, eval_every_train_iter=1, eval_interval=0.0,
+                         confirm_eval_episodes=20)
+    c = Coordinator(cfg, real_redis, tmp_path, run_name="r1")
+    c._claim()
+    cm = c.commander
+    cm.get_learner_task()
+
+    def evaluate(reward: float) -> str:
+        cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "collector_envstep": 100})
+        task = cm.get_collector_task()
+        while not task["eval_flag"]:
+            task = cm.get_collector_task()
+        tid = task["task_id"]
+        c.running[tid] = {"task": task, "kind": "collector", "started": True}
+        blobstore.put_versioned(real_redis, keys.evaluated_policy(c.exp, tid), f"weights of {tid}".encode(),
+                                cm.train_iter)
+        ev = {"type": "finished", "task_id": tid, "task_type": "collector", "eval_flag": True,
+              "buffer_id": task["buffer_id"], "policy_version": cm.train_iter, "real_episode_count": 20,
+              "step_count": 800, "avg_time_per_step": 0.001, "reward_mean": reward, "reward_std": 1.0,
+              "avg_step_per_episode": 200.0, "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0,
+              "confirmation": bool(task.get("eval_policy_key"))}
+        real_redis.xadd(keys.events(c.exp), {k: json.dumps(v) if not isinstance(v, str) else v for k, v in ev.items()})
+        c._process_events(block_ms=0)
+        return tid
+
+    def stored() -> set[str]:
+        return {tid for tid in all_evals if real_redis.exists(keys.evaluated_policy(c.exp, tid))}
+
+    all_evals = [evaluate(10.0)]
+    assert stored() == {all_evals[0]}  # the best so far
+    all_evals.append(evaluate(20.0))
+    assert stored() == {all_evals[1]}  # superseded: the first is deleted
+    all_evals.append(evaluate(5.0))
+    assert stored() == {all_evals[1]}  # never the best: deleted at once
+    all_evals.append(evaluate(200.0))  # passes: under confirmation (and the best)
+    all_evals.append(evaluate(199.0))  # the confirmation replays it and passes: converged
+    assert cm.final_eval_task == all_evals[4]  # final.pt: the confirming eval's copy of those weights
+    assert stored() == {all_evals[3], all_evals[4]}, "only best.pt's and final.pt's bundles are left"
+    assert (c.out / "best.pt").read_bytes() == f"weights of {all_evals[3]}".encode()
+    assert real_redis.llen(keys.evals(c.exp)) == 3
+    assert len((c.out / "evals.jsonl").read_text().splitlines()) == 5
+    c.lock.release()
+    c.tb.close()
