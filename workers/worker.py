@@ -49,6 +49,8 @@ from workers import live_envs
 # collector task space from the live workers).
 _KEY_TTL_S = 60
 _SWEEP_EVERY_S = 10.0
+# How often a worker tries RQ's bookkeeping again while Redis answers OOM (seconds).
+_FULL_REDIS_RETRY_S = 5.0
 
 
 class _RqrlWorker:
@@ -88,6 +90,38 @@ class _RqrlWorker:
                 worker_presence.leave(self.connection, self.name, queues)
             except redis.RedisError:
                 pass  # its key expires within worker_presence.TTL_S
+
+    # RQ's own writes of its idle loop: a full Redis refuses them, and RQ quits on the first
+    # error its loop sees. Waited out here instead, so the worker serves again once Redis has room.
+    def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        return self._through_full_redis(super().dequeue_job_and_maintain_ttl, *args, **kwargs)
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+        return self._through_full_redis(super().heartbeat, *args, **kwargs)
+
+    def run_maintenance_tasks(self, *args: Any, **kwargs: Any) -> Any:
+        return self._through_full_redis(super().run_maintenance_tasks, *args, **kwargs)
+
+    def _through_full_redis(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(...)``, tried again every :data:`_FULL_REDIS_RETRY_S` seconds while Redis answers
+        ``OOM`` (after the client's own ~15 s of retries); a stop request (SIGTERM while idle)
+        ends the wait."""
+        waited = False
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except redis.OutOfMemoryError as e:
+                if not waited:
+                    self.log.warning("Worker %s: Redis is full (%s); waiting for room, retrying every %.0f s",
+                                     self.name, e, _FULL_REDIS_RETRY_S)
+                    waited = True
+                if self._stop_requested:
+                    raise
+                threading.Event().wait(_FULL_REDIS_RETRY_S)  # a signal (StopRequested) interrupts it
+                continue
+            if waited:
+                self.log.info("Worker %s: Redis has room again; serving", self.name)
+            return result
 
     def _keep_alive(self, stop: threading.Event, queues: list[str]) -> None:
         while True:

@@ -298,3 +298,52 @@ def test_only_the_eval_bundles_that_can_still_be_exported_stay_in_redis(real_red
     assert len((c.out / "evals.jsonl").read_text().splitlines()) == 5
     c.lock.release()
     c.tb.close()
+
+
+def test_a_worker_outlives_a_full_redis_and_serves_once_it_has_room(tmp_path):
+    """A full noeviction Redis refuses RQ's own bookkeeping writes; stock RQ quits on the first
+    such error (31-42 s into a full Redis). rqrl's worker waits for room, then runs jobs again."""
+    import queue as queue_mod
+    import signal
+    import subprocess
+
+    from rq import Queue
+
+    from common.rq_json import TaskSerializer
+    from tests.conftest import rq_bin, worker_env
+
+    with EmbeddedRedis() as server:
+        conn = connect(server.url)
+        proc = subprocess.Popen([rq_bin(), "worker", keys.COLLECTOR_QUEUE, "-w", "workers.worker.CollectorWorker",
+                                 "--worker-ttl", "20"],  # RQ's idle loop writes every 5 s: the fault shows sooner
+                                cwd=tmp_path, env=worker_env(server.url), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # RQ logs to stdout
+        lines: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
+        threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout] + [lines.put(None)], daemon=True).start()
+        seen: list[str] = []
+
+        def until_line(marker: str) -> None:
+            while True:
+                line = lines.get(timeout=90)  # a hang guard only
+                if line is None:
+                    raise AssertionError(f"the worker exited ({proc.wait()}) before {marker!r}:\n" + "".join(seen[-20:]))
+                seen.append(line)
+                if marker in line:
+                    return
+
+        try:
+            until_line("Listening on")
+            conn.config_set("maxmemory", 1)  # full: every write that needs memory is refused (noeviction)
+            until_line("Redis is full")
+            assert proc.poll() is None
+            conn.config_set("maxmemory", 0)
+            job = Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer).enqueue_call(
+                "builtins.len", args=([1, 2, 3],))
+            result = job.latest_result(timeout=60)
+            assert result is not None and result.return_value == 3, "".join(seen[-20:])
+            until_line("Redis has room again")
+            assert proc.poll() is None
+        finally:
+            conn.config_set("maxmemory", 0)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
