@@ -40,6 +40,20 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.1f} MB"
 
 
+def model_sizes(cfg: Any) -> tuple[int, int]:
+    """``(parameters, bytes per step-data row)`` of ``cfg``'s model, roughly (upper estimates)."""
+    model = cfg.get("policy", {}).get("model", {})
+    shape = model.get("obs_shape", 4) or 4
+    # An image's shape is a list: its pixels as MLP inputs overstate the conv net, an upper estimate.
+    image = isinstance(shape, (list, tuple)) and len(shape) >= 2
+    obs = int(math.prod(shape)) if isinstance(shape, (list, tuple)) else int(shape)
+    act = int(model.get("action_shape", 2) or 2)
+    dims = [obs, *[int(h) for h in model.get("hidden_size_list", [128, 128])]]
+    params = sum(a * b + b for a, b in zip(dims, dims[1:])) + 2 * (dims[-1] * act + act)
+    row = 2 * obs * (1 if image else 4) + 24  # obs, next_obs (uint8 images, else float32) + action, reward, done, discount
+    return params, row
+
+
 def estimate_footprint(cfg: Any, collectors: int = 2) -> int:
     """Bytes a run of ``cfg`` may hold in Redis at once (a rough upper estimate).
 
@@ -48,18 +62,10 @@ def estimate_footprint(cfg: Any, collectors: int = 2) -> int:
     three eval bundles kept (best, under confirmation, converged: coordinator/bundles.py), step
     data in flight (``max_env_step_lead`` plus a chunk per collector) and RQ's job records.
     """
+    params, row = model_sizes(cfg)
     policy = cfg.get("policy", {})
-    model = policy.get("model", {})
-    shape = model.get("obs_shape", 4) or 4
-    # An image's shape is a list: its pixels as MLP inputs overstate the conv net, an upper estimate.
-    image = isinstance(shape, (list, tuple)) and len(shape) >= 2
-    obs = int(math.prod(shape)) if isinstance(shape, (list, tuple)) else int(shape)
-    act = int(model.get("action_shape", 2) or 2)
-    dims = [obs, *[int(h) for h in model.get("hidden_size_list", [128, 128])]]
-    params = sum(a * b + b for a, b in zip(dims, dims[1:])) + 2 * (dims[-1] * act + act)
     # policy, latest + final checkpoints (4 tensors/param each), final_model, 3 eval bundles
     weights = 4 * params * (1 + 2 * 4 + 1 + 3)
-    row = 2 * obs * (1 if image else 4) + 24  # obs, next_obs (uint8 images, else float32) + action, reward, done, discount
     lead = int(policy.get("learn", {}).get("max_env_step_lead", 256) or 256)
     n_sample = int(policy.get("collect", {}).get("n_sample", 128) or 128)
     in_flight = (lead + 2 * n_sample * (collectors + 1)) * row
@@ -69,12 +75,16 @@ def estimate_footprint(cfg: Any, collectors: int = 2) -> int:
 def check_memory_settings(conn: redis.Redis, cfg: Any, allow_eviction: bool = False, collectors: int = 2) -> list[str]:
     """Check ``maxmemory-policy`` and ``maxmemory`` before a run.
 
+    Also the server limits (:func:`common.server_limits.check`: ``maxclients``,
+    ``proto-max-bulk-len``).
+
     Returns:
-        Warnings to print (an eviction policy allowed by ``allow_eviction``).
+        Warnings to print (an eviction policy allowed by ``allow_eviction``, few free connections).
 
     Raises:
-        RedisNotSuitable: the policy can evict rqrl's keys and ``allow_eviction`` is false, or
-            ``maxmemory`` leaves less room than the run's estimated footprint (both figures named).
+        RedisNotSuitable: the policy can evict rqrl's keys and ``allow_eviction`` is false,
+            ``maxmemory`` leaves less room than the run's estimated footprint (both figures named),
+            or a server limit is below the run's need (named).
     """
     try:
         mem = memory_info(conn)
@@ -88,6 +98,9 @@ def check_memory_settings(conn: redis.Redis, cfg: Any, allow_eviction: bool = Fa
         if not allow_eviction:
             raise RedisNotSuitable(msg)
         out.append(msg.split(". Set")[0] + " (allowed by --allow-eviction)")
+    from common import server_limits  # imports this module
+
+    out += server_limits.check(conn, cfg, collectors)
     need = estimate_footprint(cfg, collectors)
     if mem["max"] and mem["max"] - mem["used"] < need:
         # Started on a Redis without the room, every worker would meet OOM replies at once.

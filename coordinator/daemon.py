@@ -57,7 +57,7 @@ from common.connection import primary_changes
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.rq_json import TaskSerializer
-from common import worker_presence
+from common import server_limits, worker_presence
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
@@ -524,6 +524,7 @@ class Coordinator:
                 pass  # expired or taken over: nothing of ours to release
 
     def _loop(self) -> tuple[int, str]:
+        self._rejections = server_limits.RejectionWatch(self.conn)  # maxclients: named when it is hit
         liveness = threading.Thread(target=self._liveness_thread, name="liveness", daemon=True)
         liveness.start()
         try:
@@ -559,6 +560,8 @@ class Coordinator:
             if now >= self._next_trim:
                 self._next_trim = now + _TRIM_EVERY_S
                 self._trim_events()
+                if rejected := self._rejections.reason():
+                    return EXIT_ERROR, rejected
             if converged:
                 last = self.commander.last_eval or {}
                 return EXIT_CONVERGED, (f"converged: eval reward_mean {last.get('reward_mean', 0):.2f} "
@@ -714,6 +717,8 @@ class Coordinator:
             self._fail(tid, ev.get("error", "unknown error"))
             if ev.get("fatal") is True:  # a replacement would fail the same way (e.g. NaN weights)
                 self._fatal = f"{kind} task {tid} failed: {ev.get('error', 'unknown error')}"
+            elif limit := server_limits.explain(self.conn, str(ev.get("error", ""))):
+                self._fatal = f"{kind} task {tid} failed: {limit}"
         return False
 
     def _note_eval_phase(self, ev: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import queue
 import threading
 
@@ -347,3 +348,62 @@ def test_a_worker_outlives_a_full_redis_and_serves_once_it_has_room(tmp_path):
             conn.config_set("maxmemory", 0)
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("limit,extra,named", [
+    (["--maxclients", "20"], [], "Redis maxclients is 20; this run may open ~29 connections"),
+    (["--proto-max-bulk-len", "1mb"], ["--set", "policy.model.hidden_size_list=[512, 512]"],
+     "Redis proto-max-bulk-len is 1.0 MB (1048576 bytes); this run writes values of up to ~4.1 MB"),
+])
+def test_a_redis_whose_limits_the_run_cannot_fit_is_refused_naming_the_limit(tmp_path, redis_exe, limit, extra, named):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, worker_env
+
+    with EmbeddedRedis(exe=redis_exe, extra_args=limit) as server:
+        res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train",
+                              str(REPO / "deploy" / "configs" / "cartpole_dqn.py"), "--redis-url", server.url,
+                              "--dry-run", *extra], cwd=tmp_path, env=worker_env(server.url), capture_output=True,
+                             text=True, timeout=120)
+    assert res.returncode == 1 and named in res.stderr, res.stdout + res.stderr[-2000:]
+
+
+def test_a_limit_hit_mid_run_is_the_stop_reason(redis_exe, small_cfg, tmp_path):
+    """maxclients reached mid-run (a connection refused) stops the run naming it, and a task that
+    failed on proto-max-bulk-len is fatal (a retry would fail the same way), naming it."""
+    with EmbeddedRedis(exe=redis_exe, extra_args=["--proto-max-bulk-len", "1mb"]) as server:
+        conn = connect(server.url)
+        cfg = EasyDict(copy.deepcopy(small_cfg))
+        cfg.commander.update(collector_task_space=2, max_wall_seconds=120)
+        c = Coordinator(cfg, conn, tmp_path, run_name="r1")
+        task = c.commander.get_learner_task()
+        c.running[task["task_id"]] = {"task": task, "kind": "learner", "started": True}
+        c._route({"type": "failed", "task_id": task["task_id"], "task_type": "learner",
+                  "error": "ResponseError: Protocol error: invalid bulk length"})
+        assert "Redis proto-max-bulk-len (1.0 MB, 1048576 bytes) is below a value this run writes" in c._fatal
+        c.tb.close()
+
+        c = Coordinator(cfg, conn, tmp_path, run_name="r2")
+        conn.config_set("notify-keyspace-events", "Kh")
+        sub = connect(server.url).pubsub()
+        sub.subscribe(f"__keyspace@0__:{keys.commander(c.exp)}")
+
+        def refuse_a_connection_once_running() -> None:
+            for msg in sub.listen():
+                if msg["type"] == "message":
+                    in_use = int(conn.info("clients")["connected_clients"])
+                    conn.config_set("maxclients", in_use)
+                    with pytest.raises(Exception):
+                        connect(server.url, socket_timeout=5).ping()  # refused: max number of clients reached
+                    conn.config_set("maxclients", 10000)
+                    return
+
+        threading.Thread(target=refuse_a_connection_once_running, daemon=True).start()
+        try:
+            code = c.run()
+        finally:
+            sub.close()
+        summary = json.loads((c.out / "summary.json").read_text())
+        assert code == 1 and re.match(r"Redis refused \d+ connections: maxclients \d+ reached", summary["status"]), \
+            summary["status"]
