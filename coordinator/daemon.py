@@ -63,6 +63,7 @@ from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
 from coordinator.stall import StallGuard
 from coordinator.bundles import EvalBundles
+from coordinator.clocks import WorkerClocks
 from coordinator.runs import link_latest, link_tensorboard, new_run_name, run_unfinished
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -94,14 +95,15 @@ def eval_record(ev: dict[str, Any], run_id: str, envstep: int, wall_seconds: flo
 
     ``envstep`` (env steps collected so far) and ``wall_seconds`` (the run's wall clock: seconds
     since it started, pauses before a ``--resume`` not counted) are the coordinator's when it
-    read the event; ``time`` is the worker's unix time. An eval that finished no episode has
+    read the event; ``time`` is the coordinator's unix time at its receipt (one clock for the whole
+    run, whatever the workers' clocks say). An eval that finished no episode has
     ``episodes`` 0 and no ``reward_mean`` / ``reward_std`` (never 0.0: there is no number).
     """
     rec: dict[str, Any] = {
         "task_id": ev["task_id"], "run_id": run_id, "envstep": envstep,
         "train_iter": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
         "episodes": int(ev.get("real_episode_count") or 0), "confirmation": ev.get("confirmation") is True,
-        "time": ev.get("ts", time.time()), "wall_seconds": round(wall_seconds, 3)}
+        "time": round(time.time(), 3), "wall_seconds": round(wall_seconds, 3)}
     reward = events.episode_figure(ev, "reward_mean")
     if reward is not None:
         rec.update(reward_mean=reward, reward_std=events.episode_figure(ev, "reward_std") or 0.0)
@@ -230,6 +232,7 @@ class Coordinator:
         self.resumed = False
         self._best_written: Optional[str] = None
         self._bundles = EvalBundles()  # eval bundles in Redis: pruned to what can still be exported
+        self._clocks = WorkerClocks()  # workers whose clocks are off Redis's
         self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
         self._oom = False  # Redis answered OOM: the wrap-up is best effort
         # Redis lost the run, or cannot be reached: the wrap-up writes the run folder from memory only.
@@ -652,6 +655,8 @@ class Coordinator:
         for entry_id, raw in entries:
             try:
                 ev = events.parse(stream, entry_id, raw)
+                if skew := self._clocks.note(ev, entry_id):
+                    self.log.warning("%s", skew)
                 converged |= self._route(ev)
             except (streams.MalformedEntry, KeyError, ValueError, TypeError) as e:
                 self.log.error("dropping bad event %s: %s", entry_id.decode(), e)
@@ -714,6 +719,12 @@ class Coordinator:
             self.learner_last = {"train_iter": int(ev.get("train_iter", 0)), "envstep": int(ev.get("collector_envstep", 0))}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
+            if ev.get("source") == "rq_on_failure" and self.conn.exists(keys.heartbeat(self.exp, tid)):
+                # RQ's verdict (e.g. its abandoned-job cleanup on a worker whose clock runs ahead)
+                # never overrides a live task's fresh heartbeat; a real death stops the heartbeat.
+                self.log.warning("RQ reported task %s failed (%s), but its heartbeat is fresh: ignored", tid,
+                                 ev.get("error", "?"))
+                return False
             self._fail(tid, ev.get("error", "unknown error"))
             if ev.get("fatal") is True:  # a replacement would fail the same way (e.g. NaN weights)
                 self._fatal = f"{kind} task {tid} failed: {ev.get('error', 'unknown error')}"
@@ -901,6 +912,8 @@ class Coordinator:
                        run_id=self.run_id, coordinator=self.name,
                        collector_workers=self.collector_workers,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
+        if self._clocks.skewed:
+            summary["worker_clock_skew"] = self._clocks.summary()
         if self.failovers:  # one line per Sentinel failover seen (summary fields are scalars)
             summary["redis_failovers"] = len(self.failovers)
             summary["redis_failover"] = "; ".join(

@@ -12,6 +12,7 @@ import json
 import re
 import queue
 import threading
+import time
 
 import pytest
 from easydict import EasyDict
@@ -278,7 +279,7 @@ def test_only_the_eval_bundles_that_can_still_be_exported_stay_in_redis(real_red
               "avg_step_per_episode": 200.0, "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0,
               "confirmation": bool(task.get("eval_policy_key"))}
         real_redis.xadd(keys.events(c.exp), {k: json.dumps(v) if not isinstance(v, str) else v for k, v in ev.items()})
-        c._process_events(block_ms=0)
+        c._process_events(block_ms=100)
         return tid
 
     def stored() -> set[str]:
@@ -407,3 +408,82 @@ def test_a_limit_hit_mid_run_is_the_stop_reason(redis_exe, small_cfg, tmp_path):
         summary = json.loads((c.out / "summary.json").read_text())
         assert code == 1 and re.match(r"Redis refused \d+ connections: maxclients \d+ reached", summary["status"]), \
             summary["status"]
+
+
+def test_rqs_abandoned_job_verdict_never_fails_a_task_whose_heartbeat_is_fresh(real_redis, redis_server, small_cfg,
+                                                                              tmp_path):
+    """A worker whose clock runs 2 h ahead runs RQ's abandoned-job cleanup: it finds a live task's
+    job past its timeout and fires the job's failure callback. The coordinator keeps the task
+    (its heartbeat is fresh); one whose heartbeat is gone is failed as before."""
+    import signal
+    import subprocess
+
+    from rq.registry import StartedJobRegistry
+
+    from common.rq_json import TaskSerializer
+    from tests.conftest import rq_bin, wait_event, worker_env
+
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    cfg.commander.update(collector_task_space=1, eval_every_train_iter=0, eval_interval=0.0)
+    c = Coordinator(cfg, real_redis, tmp_path, run_name="r1")
+    c._claim()
+    c._dispatch()  # a learner task (no learner worker: no policy is ever published) and a collector task
+    worker = subprocess.Popen([rq_bin(), "worker", keys.COLLECTOR_QUEUE, "-w", "workers.worker.CollectorWorker"],
+                              cwd=tmp_path, env=worker_env(redis_server.url), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        started = wait_event(real_redis, c.exp, lambda e: e["type"] == "started", timeout=60)
+        tid = started["task_id"]  # running: waiting for the learner's first policy, heartbeat beating
+        c._process_events(block_ms=100)
+        assert c.running[tid]["started"]
+        # What the skewed worker's maintenance does with the live task's job.
+        StartedJobRegistry(keys.COLLECTOR_QUEUE, connection=real_redis, serializer=TaskSerializer).cleanup(
+            timestamp=time.time() + 7200)
+        verdict = wait_event(real_redis, c.exp, lambda e: e["type"] == "failed", timeout=30)
+        assert verdict["source"] == "rq_on_failure" and verdict["task_id"] == tid
+        c._process_events(block_ms=100)
+        assert tid in c.running, "RQ's verdict overrode a fresh heartbeat"
+        # The same verdict about a task whose heartbeat is gone fails it.
+        real_redis.delete(keys.heartbeat(c.exp, tid))
+        from common import events as events_mod
+
+        events_mod.emit(real_redis, c.exp, "failed", tid, "collector", error="AbandonedJobError: ",
+                        source="rq_on_failure")
+        c._process_events(block_ms=100)
+        assert tid not in c.running
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+        c.lock.release()
+        c.tb.close()
+
+
+def test_a_workers_clock_off_redis_is_named_and_run_times_use_one_clock(real_redis, small_cfg, tmp_path, caplog):
+    """A worker 2 h ahead: its own log warns (events.emit compares its clock with the entry id
+    Redis gives), the coordinator names it in its log and in rqrl status, and the eval record's
+    time is the coordinator's, not the worker's."""
+    import logging
+    from unittest import mock
+
+    from common import events as events_mod
+    from coordinator.daemon import eval_record
+    from coordinator.status import collect_status, render
+
+    exp = keys.namespace("skew_exp", "r1")
+    real_t = time.time
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    cfg.exp_name = "skew_exp"
+    c = Coordinator(cfg, real_redis, tmp_path, run_name="r1")
+    c._claim()
+    with mock.patch.object(events_mod.time, "time", lambda: real_t() + 7200), caplog.at_level(logging.WARNING):
+        events_mod._skew_warned = False
+        events_mod.emit(real_redis, exp, "started", "t1", "collector", worker="w-ahead", host="h", pid=1)
+    assert "this machine's clock is +7200" in caplog.text
+    c._process_events(block_ms=100)
+    assert "worker w-ahead's clock is +7200" in caplog.text
+    c._write_summary(running=True)
+    assert "clocks off Redis's: w-ahead +7200.0 s" in render(collect_status(real_redis, exp))
+    record = eval_record({"task_id": "t1", "ts": real_t() + 7200}, "run", 0, 1.0)
+    assert abs(record["time"] - real_t()) < 60
+    c.lock.release()
+    c.tb.close()
