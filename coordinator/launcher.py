@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
+from setproctitle import setproctitle
 
 from common import keys, phases, streams
 from easydict import EasyDict
@@ -232,6 +233,8 @@ class Launcher:
             return
         code = 1
         try:
+            # Its own name in ps: the inherited command line may carry a --redis-url password.
+            setproctitle(f"rqrl {name} {self.ns}")
             os.setsid()
             if self._lifeline is not None:
                 self._lifeline.in_child()
@@ -527,6 +530,7 @@ class Launcher:
             return
         code = 1
         try:
+            setproctitle(f"rqrl teardown {self.ns}")
             os.setsid()
             for s in (signal.SIGINT, signal.SIGHUP):
                 signal.signal(s, signal.SIG_IGN)  # the terminal the run was started from is not ours now

@@ -58,14 +58,6 @@ def _transport(rows: int) -> Callable[[dict], Optional[dict]]:
     return lambda r: r["components"]["transport"][f"{rows}x1"]["transport_vs_raw"]
 
 
-def _start_ratio(r: dict) -> Optional[dict]:
-    """``rqrl train`` launch to exit / the in-process serial solve's wall time, per seed solved by both
-    (tests/bench/bench_solve.py and bench_serial.py, run one after the other in the same benchmark)."""
-    solve = {x["seed"]: x for x in r["solve"]["runs"] if x["exit_code"] == 0}
-    serial = {x["seed"]: x for x in r["serial"]["runs"] if x["solved"]}
-    return spread([solve[s]["wall_s"] / serial[s]["wall_s"] for s in solve if s in serial], 2)
-
-
 def _policy_ratio(dist: dict, ser: dict) -> Optional[dict]:
     """Env steps at the passing policy version (distributed) / env steps to solve (serial), per seed."""
     d = {x["seed"]: x for x in dist["runs"] if x["exit_code"] == 0 and x.get("policy_envstep")}
@@ -94,7 +86,9 @@ GOALS: list[tuple[str, Callable[[dict], Optional[dict]], str, str]] = [
      _start("cartpole_dqn", "learner_vs_serial_it_per_s"), "×", ">= 0.9"),
     ("time to solve CartPole, launch to exit (per seed)",
      lambda r: spread([x["wall_s"] for x in r["solve"]["runs"]], 1), "s", "<= 12"),
-    ("launch to exit vs in-process serial solve, wall time (per seed)", _start_ratio, "×", "<= 1.5"),
+    # Both sides timed from a fresh process (imports, env and policy build included); env steps apart, below.
+    ("launch to exit vs the serial loop, both from a fresh process, wall time (per seed)",
+     _start("cartpole_dqn", "rqrl_vs_serial"), "×", "<= 1.5"),
     ("env steps to solve vs single process (per seed)", _solve_ratio, "×", "<= 1.5"),
     ("DQN env steps at the passing policy vs single process (per seed)",
      lambda r: _policy_ratio(r["solve"], r["serial"]), "×", "<= 1.2"),

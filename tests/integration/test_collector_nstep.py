@@ -26,7 +26,7 @@ from tests.conftest import initial_weights
 
 pytestmark = pytest.mark.redis_server
 
-STEPS, N_SAMPLE, LIMIT = 203, 32, 12  # 203 is no multiple of 32: the last chunk is partial
+STEPS, N_SAMPLE, LIMIT = 203, 32, 20  # 203 is no multiple of 32: the last chunk is partial
 
 
 def run_task(conn, small_cfg):
@@ -39,7 +39,7 @@ def run_task(conn, small_cfg):
     conn.set(keys.run(cfg.exp_name), "run-n")
     learner = commander.get_learner_task()
     task = commander.get_collector_task()
-    task["collect_setting"] = {"eps": 0.5}
+    task["collect_setting"] = {"eps": 1.0}  # uniform random play: terminations and time limits both come
     lease.grant(conn, cfg.exp_name, task["task_id"], 600)
     weights = initial_weights(cfg)
     publish_policy(conn, cfg.exp_name, learner["policy_id"], weights, 0, 2**40)

@@ -30,26 +30,26 @@ def pw_redis():
         yield server
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _cmdlines_with(secret: str, stop: threading.Event, found: list[str], own: set[int]) -> None:
-    own_cmds = set()
-    for pid in own:  # a fork of `rqrl train` shows its parent's command line until it execs: not a child's
-        try:
-            own_cmds.add((Path("/proc") / str(pid) / "cmdline").read_bytes())
-        except OSError:
-            pass
+    """Every 0.2 s, the processes (but ``own``) whose command line holds ``secret``. rqrl train's
+    forked children inherit its command line until they rename themselves (their first act) or
+    exec: one is reported only if it still shows the secret at the next scan."""
+    suspects: set[int] = set()
     while not stop.wait(0.2):
+        now = set()
         for p in Path("/proc").iterdir():
-            if not p.name.isdigit() or int(p.name) in own:
-                continue
-            try:
-                raw = (p / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if raw in own_cmds:
-                continue
-            cmd = raw.replace(b"\0", b" ").decode(errors="replace")
-            if secret in cmd:
-                found.append(cmd)
+            if p.name.isdigit() and int(p.name) not in own and secret.encode() in _cmdline(int(p.name)):
+                now.add(int(p.name))
+        for pid in now & suspects:
+            found.append(_cmdline(pid).replace(b"\0", b" ").decode(errors="replace"))
+        suspects = now
 
 
 def test_query_password_never_printed_logged_stored_or_on_a_command_line(tmp_path, pw_redis):

@@ -39,7 +39,6 @@ class Running:
         self.training: set[str] = set()
         self.evals_started = 0
         self.peak = 0  # most training tasks at once since the last reset_peak()
-        self.peak_at = 0.0  # event time (s) the peak was first reached
 
     def reset_peak(self) -> None:
         self.peak = len(self.training)
@@ -55,8 +54,7 @@ class Running:
                     self.evals_started += 1
                 elif ev["type"] == "started":
                     self.training.add(ev["task_id"])
-                    if len(self.training) > self.peak:
-                        self.peak, self.peak_at = len(self.training), float(ev["ts"])
+                    self.peak = max(self.peak, len(self.training))
                 elif ev["type"] in ("finished", "failed"):
                     self.training.discard(ev["task_id"])
 
@@ -111,18 +109,16 @@ def test_task_space_follows_collector_workers(real_redis, redis_server, tmp_path
         while Worker.count(queue=collector_queue) < 4:
             assert time.monotonic() < deadline, "the two new rq workers did not register"
             time.sleep(0.05)  # RQ's registry has no blocking read
-        joined = time.time()
-        run.until(lambda: run.peak >= 3, 20, "three training tasks at once after two workers joined")
-        print(f"third training task started {run.peak_at - joined:.2f} s after the workers registered")
-        assert run.peak_at - joined < 5.0
-        run.until(lambda: summary(conn, ns)["collector_task_space"] == 3, 5, "the summary (written every second)")
+        # The wait is a hang guard; how fast the coordinator reacts is tests/bench's business.
+        run.until(lambda: run.peak >= 3, 60, "three training tasks at once after two workers joined")
+        run.until(lambda: summary(conn, ns)["collector_task_space"] == 3, 30, "the summary (written every second)")
         evals = run.evals_started
         run.until(lambda: run.evals_started > evals, 30, "an eval while three training tasks run")
         assert run.peak == 3, "never more training tasks than workers but one"
         # One leaves (warm shutdown: it finishes its task, then leaves RQ's registry).
         procs["c3"].send_signal(signal.SIGTERM)
         procs["c3"].wait(timeout=60)
-        run.until(lambda: summary(conn, ns).get("collector_workers") == 3, 10, "the coordinator sees three workers")
+        run.until(lambda: summary(conn, ns).get("collector_workers") == 3, 30, "the coordinator sees three workers")
         assert summary(conn, ns)["collector_task_space"] == 2
         # Its slot is not refilled: the tasks the coordinator holds drain to two, then stay there.
         run.until(lambda: queued_or_running_training(conn, ns) <= 2 and len(run.training) <= 2, 30,

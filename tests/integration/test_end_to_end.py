@@ -7,15 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from common.connection import connect
-from tests.conftest import REPO, rq_bin, run_rqrl, wait_gone, worker_env
+from tests.conftest import REPO, rq_bin, run_rqrl, wait_event, wait_gone, worker_env
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+# The runs are bounded by env steps; the timeout is a hang guard only.
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
@@ -27,8 +27,8 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     exp = f"e2e_{os.getpid()}"
     # Short collector tasks, so some finish (and log collector scalars) before convergence.
     res = _rqrl("train", CONFIG, "--set", f"exp_name={exp}", "--set", "env.stop_value=150", "--seed", "1",
-                "--set", "commander.max_wall_seconds=150", "--set", "policy.collect.collector.task_env_steps=200",
-                cwd=tmp_path)
+                "--set", "commander.max_wall_seconds=0", "--set", "commander.max_env_step=60000",
+                "--set", "policy.collect.collector.task_env_steps=200", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert "converged" in res.stdout
     out = tmp_path / exp / "latest"
@@ -78,9 +78,10 @@ def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
                for i, q in enumerate(["learner", "collector", "collector"])]
     try:
         coord = subprocess.run([sys.executable, "-m", "coordinator", CONFIG, "--redis-url", url, "--set", f"exp_name={exp}",
-                                "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=150",
+                                "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=0",
+                                "--set", "commander.max_env_step=60000",
                                 "--set", "policy.collect.collector.task_env_steps=400"],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert coord.returncode == 0, coord.stdout + coord.stderr[-3000:]
         # Readable metadata on the buffer stream, as `redis-cli XRANGE` shows it.
         summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
@@ -120,14 +121,13 @@ def test_limit_without_convergence_exits_2_and_a_rerun_starts_fresh(tmp_path, re
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_everything(tmp_path, redis_server, sig):
     exp = f"sig{int(sig)}_{os.getpid()}"
-    p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--set", f"exp_name={exp}",
-                          "--set", "env.stop_value=100000"], cwd=tmp_path, env=worker_env(""),
+    p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
+                          "--name", "r1", "--set", f"exp_name={exp}", "--set", "env.stop_value=100000"],
+                         cwd=tmp_path, env=worker_env(redis_server.url),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = tmp_path / exp / "latest" / "log" / "learner"
-    deadline = time.monotonic() + 90
-    while not log.is_dir() and time.monotonic() < deadline:  # the learner has started training
-        time.sleep(0.2)
-    time.sleep(2)
+    # Interrupted while it trains: the learner has reported a train iteration.
+    wait_event(connect(redis_server.url), f"{exp}/r1",
+               lambda e: e.get("type") == "learner_info" and int(e.get("train_iter", 0)) > 0, 120)
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 128 + int(sig), out + err[-3000:]

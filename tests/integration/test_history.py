@@ -38,8 +38,10 @@ def test_evals_survive_100k_later_events(tmp_path, redis_server):
     conn.flushall()
     env = worker_env(redis_server.url)
     res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
-                          "--set", f"exp_name={exp}", "--set", "env.stop_value=100000", "--set",
-                          "commander.eval_interval=2.0", "--set", "commander.max_wall_seconds=20", "--collectors", "1"],
+                          "--set", f"exp_name={exp}", "--set", "env.stop_value=100000",
+                          # bounded by the work (train iterations), not wall seconds: evals at 100, 200, ...
+                          "--set", "commander.eval_interval=0.0", "--set", "commander.eval_every_train_iter=100",
+                          "--set", "commander.max_train_iter=400", "--collectors", "1"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 2, res.stderr[-2000:]
     lines = (tmp_path / exp / "latest" / "evals.jsonl").read_text().splitlines()

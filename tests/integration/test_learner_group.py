@@ -21,7 +21,8 @@ from tests.fixtures import ddp_rank
 from tests.fixtures.ddp_rank import TinyPolicy, data
 from workers.ddp import GroupError, join
 
-pytestmark = pytest.mark.redis_server
+# The runs are bounded by env steps; the timeout is a hang guard only.
+pytestmark = [pytest.mark.redis_server, pytest.mark.timeout(900)]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
@@ -85,13 +86,14 @@ def test_rqrl_train_with_two_learners_converges_and_survives_a_lost_rank(tmp_pat
     conn = connect(redis_server.url)
     args = [sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url, "--name", "r",
             "--set", f"exp_name={exp}", "--set", "env.stop_value=150", "--seed", "1",
-            "--set", "policy.learn.learner_num=2", "--set", "commander.max_wall_seconds=150",
+            "--set", "policy.learn.learner_num=2", "--set", "commander.max_wall_seconds=0",
+            "--set", "commander.max_env_step=60000",
             "--set", "policy.learn.learner.hook.save_ckpt_after_iter=100"]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=worker_env(""))
     killed, rank1, trained, last = None, None, False, b"0"
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 600  # a hang guard: the run is bounded by env steps
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
             for _, entries in conn.xread({keys.events(ns): last}, block=500) or []:
                 for last, raw in entries:
@@ -103,7 +105,7 @@ def test_rqrl_train_with_two_learners_converges_and_survives_a_lost_rank(tmp_pat
             if trained and rank1 is not None:
                 killed = rank1
                 os.kill(int(killed["pid"]), signal.SIGKILL)  # rank 1's work-horse: the group loses a rank
-        out, err = proc.communicate(timeout=200)
+        out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -44,7 +44,7 @@ def test_ppo_trains_cartpole_and_rqrl_eval_plays_it(tmp_path, redis_server):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["status"].startswith("converged"), summary
     assert float(summary["last_eval_reward_mean"]) >= 195
-    assert "learner_stale_chunks" in summary and int(summary["learner_stale_chunks"]) >= 0, summary
+    assert "learner_stale_chunks" in summary, summary
     if int(summary["learner_stale_chunks"]) == 0 and "learner_policy_lag_max" in summary:
         # Every chunk was ingested while its version was the one being trained: no lag at all.
         assert float(summary["learner_policy_lag_max"]) == 0.0, summary

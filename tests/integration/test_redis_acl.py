@@ -31,7 +31,8 @@ from common.embedded_redis import EmbeddedRedis, binary_version, free_port
 from tests.conftest import REDIS_SERVERS, REPO, WORKER_CLASS, rq_bin, worker_env
 from common.rq_json import TaskSerializer
 
-pytestmark = pytest.mark.redis_server
+# The runs are bounded by env steps; the timeout is a hang guard only.
+pytestmark = [pytest.mark.redis_server, pytest.mark.timeout(900)]
 
 ACL_EXAMPLE = REPO / "deploy" / "redis" / "users.acl.example"
 REDIS_CONF = REPO / "deploy" / "redis" / "redis.conf"
@@ -229,8 +230,8 @@ def test_training_run_as_rqrl_user(acl_server, tmp_path):
     try:
         coord = subprocess.run([sys.executable, "-m", "coordinator", CONFIG, "--set", f"exp_name={exp}",
                                 "--set", "env.stop_value=60", "--set", "commander.collector_task_space=1",
-                                "--set", "commander.max_wall_seconds=150"],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+                                "--set", "commander.max_wall_seconds=0", "--set", "commander.max_env_step=60000"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert coord.returncode == 0, (coord.stdout[-2000:] + coord.stderr[-3000:] +
                                        json.dumps(s.denials(), default=str)[:3000])
         assert (tmp_path / exp / "latest" / "summary.json").exists()

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -14,7 +13,8 @@ from common.connection import connect
 from common.embedded_redis import EmbeddedRedis
 from tests.conftest import REPO, wait_event, worker_env
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+# The runs are bounded by env steps; the timeout is a hang guard only.
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
@@ -22,7 +22,8 @@ CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 def _train(url: str, exp: str, cwd, *extra: str) -> subprocess.Popen:
     """``rqrl train`` of run ``r1`` (key namespace ``{exp}/r1``)."""
     return subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", url, "--name", "r1",
-                             "--set", f"exp_name={exp}", "--set", "commander.max_wall_seconds=150", *extra],
+                             "--set", f"exp_name={exp}", "--set", "commander.max_wall_seconds=0",
+                             "--set", "commander.max_env_step=60000", *extra],
                             cwd=cwd, env=worker_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -34,11 +35,14 @@ def test_redis_pause_and_dropped_connections_are_survived(tmp_path, redis_server
         p = _train(server.url, exp, tmp_path, "--set", "env.stop_value=250")
         wait_event(conn, f"{exp}/r1", lambda e: e["type"] == "learner_info", 90)
         conn.execute_command("CLIENT", "PAUSE", "10000", "ALL")  # every client blocks for 10 s
-        time.sleep(11)
+        # A fresh client's PING is held like everyone's: it returns when the pause is over.
+        waiter = connect(server.url)
+        assert waiter.ping()
+        waiter.close()
         killed = conn.execute_command("CLIENT", "KILL", "TYPE", "normal") + \
             conn.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
         assert killed > 0
-        out, err = p.communicate(timeout=200)
+        out, err = p.communicate(timeout=600)
         assert p.returncode == 0, out + err[-3000:]
         coord_log = (tmp_path / exp / "latest" / "log" / "coordinator.log").read_text()
         assert "Traceback" not in coord_log, coord_log[-3000:]

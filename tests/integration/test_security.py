@@ -20,7 +20,8 @@ import redis
 from common.embedded_redis import find_redis_server, free_port
 from tests.conftest import REPO, worker_env
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+# The runs are bounded by env steps; the timeout is a hang guard only.
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
 
 SECRET = "pw-Zq81xT"
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
@@ -78,8 +79,9 @@ def test_train_over_tls_with_acl_user_and_no_secret_leaks(tmp_path, tls_redis):
     # The URL travels in the environment, not on command lines (visible in `ps`).
     env = dict(worker_env(tls_redis))
     res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--set", f"exp_name={exp}",
-                          "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=150",
-                          "--redis-url", tls_redis], cwd=run, env=env, capture_output=True, text=True, timeout=240)
+                          "--set", "env.stop_value=120", "--set", "commander.max_wall_seconds=0",
+                          "--set", "commander.max_env_step=60000",
+                          "--redis-url", tls_redis], cwd=run, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status", "--redis-url", tls_redis, "--json"],
                             env=env, capture_output=True, text=True, timeout=60)

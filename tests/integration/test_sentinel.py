@@ -24,7 +24,8 @@ from tests.conftest import REPO, rq_bin, wait_event, worker_env
 from tests.fixtures.sentinel import SentinelSet, wait_for
 from common.rq_json import TaskSerializer
 
-pytestmark = [pytest.mark.redis_server]
+# The runs are bounded by env steps; the timeout is a hang guard only.
+pytestmark = [pytest.mark.redis_server, pytest.mark.timeout(900)]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 PASSWORD = "s3nt-pw"
@@ -71,7 +72,8 @@ def test_a_sentinel_address_reaches_the_primary_and_follows_a_failover(redis_exe
 
 def _train(s: SentinelSet, tmp_path, name: str, *sets: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", s.url, "--name", "r1",
-            "--set", f"exp_name={name}", "--set", "commander.max_wall_seconds=240"]
+            "--set", f"exp_name={name}", "--set", "commander.max_wall_seconds=0",
+            "--set", "commander.max_env_step=60000"]
     for kv in sets:
         args += ["--set", kv]
     return subprocess.Popen(args, cwd=tmp_path, env=worker_env(""), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -108,7 +110,7 @@ def _accounting(conn: redis.Redis, exp: str, buffer_id: str) -> dict[str, int]:
 
 
 def _finish(proc: subprocess.Popen, tmp_path, name: str, conn: redis.Redis) -> tuple[dict, str]:
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, (out[-2000:], err[-3000:])
     run = tmp_path / name / "r1"
     summary = json.loads((run / "summary.json").read_text())

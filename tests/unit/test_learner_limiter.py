@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -54,10 +53,19 @@ def make(fake_redis, cfg, train_iter=0, base_envstep=0, filled=START):
 
 
 class Call:
-    """``feeder()`` in a thread, so a test can tell "returned" from "still waiting"."""
+    """``feeder()`` in a thread, so a test can tell "returned" from "waiting": a spy on the
+    feeder's condition wait marks the moment it decided there is no batch yet (no wall-time guess)."""
 
     def __init__(self, feeder):
         self.result = self.error = None
+        self._waiting = threading.Event()
+        wait = feeder._cond.wait
+
+        def spy(timeout=None):
+            self._waiting.set()
+            return wait(timeout)
+
+        feeder._cond.wait = spy
         self._t = threading.Thread(target=self._run, args=(feeder,), daemon=True)
         self._t.start()
 
@@ -67,23 +75,19 @@ class Call:
         except BaseException as e:
             self.error = e
 
-    def returned(self, within=3.0):
+    def returned(self, within=10.0):
         self._t.join(within)
         return not self._t.is_alive()
 
-
-def ran(learner, envstep, within=3.0):
-    """True once the feeder's loop ran (it sets ``collector_envstep`` before deciding)."""
-    deadline = time.monotonic() + within
-    while learner.collector_envstep != envstep and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return learner.collector_envstep == envstep
+    def waits(self, within=10.0):
+        """True once the call waits for data (it ran its checks and found no batch), having returned nothing."""
+        return self._waiting.wait(within) and self._t.is_alive() and self.error is None
 
 
 def release(conn, cfg, call):
     """End a waiting call the way a run ends: the stop flag."""
     conn.set(keys.stop(cfg.exp_name), "test over")
-    assert call.returned(3.0), "the feeder did not return at the stop flag"
+    assert call.returned(), "the feeder did not return at the stop flag"
     assert call.result is None
 
 
@@ -93,7 +97,7 @@ def test_no_batch_before_replay_start_size_env_steps(fake_redis, cfg):
     feeder.reader.env_steps = START - 1
     learner.collector_envstep = -1
     call = Call(feeder)
-    assert ran(learner, START - 1) and not call.returned(0.1)
+    assert call.waits() and learner.collector_envstep == START - 1
     feeder.reader.env_steps = START
     feeder.notify()
     assert call.returned() and call.result["obs"].shape == (BATCH, 4)
@@ -118,11 +122,12 @@ def test_ratio_ok(fake_redis, cfg, train_iter, env_steps, allowed):
     assert feeder.ratio_ok(env_steps) is allowed
     learner.collector_envstep = -1
     call = Call(feeder)
-    assert ran(learner, env_steps)
     if allowed:
         assert call.returned() and call.result["reward"].shape == (BATCH,)
     else:
+        assert call.waits()
         release(fake_redis, cfg, call)
+    assert learner.collector_envstep == env_steps
 
 
 def test_waiting_trainer_wakes_when_env_steps_arrive(fake_redis, cfg):
@@ -131,7 +136,7 @@ def test_waiting_trainer_wakes_when_env_steps_arrive(fake_redis, cfg):
     learner.train_iter = 33
     feeder.reader.env_steps = START + 64
     call = Call(feeder)
-    assert ran(learner, START + 64) and not call.returned(0.1)
+    assert call.waits() and learner.collector_envstep == START + 64
     feeder.reader.env_steps = START + 66
     feeder.notify()
     assert call.returned() and call.result is not None
@@ -163,7 +168,7 @@ def test_resume_refills_replay_start_size_then_trains_at_the_ratio(fake_redis, c
     assert feeder.envstep_limit(700) == 1000 + START + 200 / RATIO + LEAD
     learner.collector_envstep = -1
     call = Call(feeder)
-    assert ran(learner, 1000) and not call.returned(0.1)  # absolute counts would allow ~500 iterations
+    assert call.waits() and learner.collector_envstep == 1000  # absolute counts would allow ~500 iterations
     feeder.store.extend(rows(START))
     feeder.reader.env_steps = START
     feeder.notify()
@@ -178,7 +183,7 @@ def test_resume_refills_replay_start_size_then_trains_at_the_ratio(fake_redis, c
     assert allowed == [True] * 5 + [False]  # iterations 501..505: 1 + 0.5 * 10 since the refill
     learner.collector_envstep = -1  # train_iter is now 506
     call = Call(feeder)
-    assert ran(learner, 1000 + START + 10)
+    assert call.waits() and learner.collector_envstep == 1000 + START + 10
     release(fake_redis, cfg, call)
 
 

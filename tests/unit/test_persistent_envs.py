@@ -239,3 +239,33 @@ def test_a_task_that_finished_no_episode_sends_no_reward():
     stats.step(np.array([-1.0, -1.0]), np.array([True, False]))
     info = finish_info(stats, 4, 1.0, 3, eval_flag=True)
     assert info["reward_mean"] == -2.0 and info["avg_step_per_episode"] == 2.0
+
+
+def test_every_eval_resets_its_envs_from_its_own_task_seed():
+    """Evals share the run's eval envs but never their start states: each eval task resets them
+    from env_seeds(its task's seed), so a confirmation (a later task, more episodes) plays fresh
+    starts and no two evals replay each other's (issue 21, planted bug 3: cfg.seed replays them)."""
+    from common.seeding import env_seeds, task_seed
+
+    cfg = _cfg("dqn", length=5, task_env_steps=20)
+    cfg.seed = 11
+    cfg.env.evaluator_env_num = 2
+    tasks = [{"eval_flag": True, "seed": task_seed(cfg.seed, n), "task_id": f"e{n}", "eval_episodes": k}
+             for n, k in ((4, 2), (9, 6))]  # a passing eval, then its confirmation on more episodes
+    live = build_live_envs(cfg, tasks[0])
+    resets = []
+    reset = live.env.reset
+
+    def recording_reset(*args, **kwargs):
+        resets.append(list(kwargs.get("seed") or []))
+        return reset(*args, **kwargs)
+
+    live.env.reset = recording_reset
+    try:
+        comm = FakeComm(_learner_weights(cfg))
+        for task in tasks:
+            assert Collector(cfg, task, comm, live).run()["real_episode_count"] == task["eval_episodes"]
+    finally:
+        live.close()
+    assert resets == [env_seeds(t["seed"], 2) for t in tasks]
+    assert not set(resets[0]) & set(resets[1])

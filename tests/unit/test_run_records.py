@@ -475,3 +475,22 @@ def test_the_progress_line_gives_rates_and_the_time_left_of_the_budget_that_bind
     # The closing line: summary.json's figures and the run's average rates.
     p.from_summary({"envstep": 3000, "train_iter": 1200, "wall_seconds": 40.0, "last_eval_reward_mean": 150.0})
     assert p.line().endswith("|   40.0 s | avg 75 env steps/s, 30.0 train iter/s")
+
+
+def test_a_converged_run_exports_the_weights_its_eval_played_not_the_learners_latest(tmp_path, fake_redis, small_cfg):
+    """final.pt of a converged run is the evaluated bundle of the converging eval (policy version 3),
+    though the learner has trained on since (its final_model is version 9): issue 21, planted bug 1."""
+    c = Coordinator(_cfg(small_cfg), fake_redis, tmp_path, run_name="r1")
+    cm = c.commander
+    cm.get_learner_task()
+    blobstore.put_versioned(fake_redis, keys.ckpt(c.exp, "final_model"), b"the learner's latest weights", 9)
+    task = _eval_task(cm)
+    c.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    blobstore.put_versioned(fake_redis, keys.evaluated_policy(c.exp, task["task_id"]), b"the evaluated weights", 3)
+    _route(c, finished(task, 5, reward=-10.0))
+    assert cm.end_flag
+    c._finish(0, "converged")
+    summary = json.loads((c.out / "summary.json").read_text())
+    assert (c.out / "final.pt").read_bytes() == b"the evaluated weights"
+    assert summary["final_eval_task"] == task["task_id"] and summary["final_policy_version"] == 3
+    c.tb.close()

@@ -100,6 +100,24 @@ def ppo_cfg():
     return compile_config({"exp_name": EXP, "policy": {"collect": {"n_sample": 8}}}, {"policy": {"type": "ppo"}})
 
 
+def waiting_call(src):
+    """Call ``src()`` on a thread; returns (thread, results, event set once the call waits on its
+    condition: nothing to train on yet). A spy on the wait: the test synchronises on it, not on time."""
+    waiting = threading.Event()
+    wait = src._cond.wait
+
+    def spy(timeout=None):
+        waiting.set()
+        return wait(timeout)
+
+    src._cond.wait = spy
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(src()), daemon=True)
+    t.start()
+    assert waiting.wait(10), "the call never waited"
+    return t, result
+
+
 def test_on_policy_source_returns_none_once_the_stop_flag_exists(fake_redis, ppo_cfg):
     src = create_source("on_policy", fake_redis, EXP, FakeLearner(), ppo_cfg, SCHEMA, seed=0)
     fake_redis.set(keys.stop(EXP), "converged")
@@ -110,11 +128,8 @@ def test_on_policy_source_returns_none_once_the_stop_flag_exists(fake_redis, ppo
 
 def test_on_policy_source_stop_flag_ends_a_waiting_call(fake_redis, ppo_cfg):
     src = create_source("on_policy", fake_redis, EXP, FakeLearner(), ppo_cfg, SCHEMA, seed=0)
-    result: list = []
-    t = threading.Thread(target=lambda: result.append(src()), daemon=True)
-    t.start()
-    time.sleep(0.3)
-    assert t.is_alive()  # nothing to train on: it waits
+    t, result = waiting_call(src)  # nothing to train on: it waits
+    assert result == []
     fake_redis.set(keys.stop(EXP), "converged")
     t.join(timeout=5)
     assert not t.is_alive() and result == [None]
@@ -127,11 +142,8 @@ def test_on_policy_source_waits_for_n_sample_rows_of_the_current_version(fake_re
     src.store.extend(chunk(5, 2.0), 2)
     src.store.extend(chunk(30, 1.0), 1)  # stale: does not count towards n_sample
     assert not src._ready(0)
-    result: list = []
-    t = threading.Thread(target=lambda: result.append(src()), daemon=True)
-    t.start()
-    time.sleep(0.3)
-    assert t.is_alive()  # 5 of 8 rows
+    t, result = waiting_call(src)  # 5 of 8 rows
+    assert result == []
     src.store.extend(chunk(4, 2.5), 2)
     src.notify()
     t.join(timeout=5)
@@ -272,7 +284,10 @@ def test_envstep_limit_admits_exactly_what_the_next_iteration_needs(ratio):
         assert envstep_limit_after(iters, start, ratio, lead=7) == limit + 7
 
 
-def test_replay_feeder_call_returns_a_sampled_batch_then_none_at_stop(fake_redis, dqn_cfg):
+def test_replay_feeder_call_returns_a_sampled_batch_then_none_at_stop(fake_redis, dqn_cfg, monkeypatch):
+    import workers.sources
+
+    monkeypatch.setattr(workers.sources, "_STOP_CHECK_S", 0.0)  # every call reads the stop flag
     learner = FakeLearner()
     src = feeder(fake_redis, dqn_cfg, learner, fake_reader(env_steps=100))
     src.store.extend(chunk(20, 0.0))
@@ -280,7 +295,6 @@ def test_replay_feeder_call_returns_a_sampled_batch_then_none_at_stop(fake_redis
     assert batch["obs"].shape == (4, 2) and batch["action"].dtype == np.int64
     assert learner.collector_envstep == 100  # the source keeps the learner's env-step count current
     fake_redis.set(keys.stop(EXP), "converged")
-    time.sleep(0.25)  # the stop flag is read at most every 0.2 s
     assert src() is None
 
 

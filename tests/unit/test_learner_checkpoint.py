@@ -1,0 +1,41 @@
+"""A learner resumed from its checkpoint continues where the saved one stopped: train_iter,
+env steps consumed and weights (the seed's BaseLearner save/load hooks, through Redis)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from easydict import EasyDict
+
+from tests.unit.test_prioritized_replay import dqn_batch, make_dqn
+from workers.learner import BaseLearner, CheckpointStore
+
+
+def _learner(cfg, store, tmp_path, seed):
+    lcfg = copy.deepcopy(cfg.policy.learn.learner)
+    lcfg.hook.update(log_show_after_iter=0, save_ckpt_after_iter=0, save_ckpt_after_run=True, load_ckpt_before_run="")
+    return BaseLearner(lcfg, make_dqn(cfg, seed=seed), exp_name="ckpt_test", log_dir=str(tmp_path / f"log{seed}"),
+                       checkpoint_store=store)
+
+
+def test_load_checkpoint_restores_train_iter_env_steps_and_weights(fake_redis, small_cfg, tmp_path):
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    store = CheckpointStore(fake_redis, "ckpt_test", Path(tmp_path / "unused"))
+    first = _learner(cfg, store, tmp_path, seed=1)
+    second = _learner(cfg, store, tmp_path, seed=2)  # different initial weights
+    try:
+        assert second.load_checkpoint("latest") is False and second.train_iter == 0
+        for i in range(3):
+            first.train(dqn_batch(n=16, seed=i), envstep=100 * (i + 1))
+        first.save_checkpoint("latest")
+        assert second.load_checkpoint("latest") is True
+        assert (second.train_iter, second.collector_envstep) == (3, 300)
+        saved, loaded = first.policy.state_dict(), second.policy.state_dict()
+        model = next(k for k in saved if k.startswith("model"))
+        for name, tensor in saved[model].items():
+            assert torch.equal(tensor, loaded[model][name]), name
+    finally:
+        first.close()
+        second.close()
