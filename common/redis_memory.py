@@ -75,16 +75,12 @@ def estimate_footprint(cfg: Any, collectors: int = 2) -> int:
 def check_memory_settings(conn: redis.Redis, cfg: Any, allow_eviction: bool = False, collectors: int = 2) -> list[str]:
     """Check ``maxmemory-policy`` and ``maxmemory`` before a run.
 
-    Also the server limits (:func:`common.server_limits.check`: ``maxclients``,
-    ``proto-max-bulk-len``).
-
     Returns:
-        Warnings to print (an eviction policy allowed by ``allow_eviction``, few free connections).
+        Warnings to print (an eviction policy allowed by ``allow_eviction``).
 
     Raises:
         RedisNotSuitable: the policy can evict rqrl's keys and ``allow_eviction`` is false,
-            ``maxmemory`` leaves less room than the run's estimated footprint (both figures named),
-            or a server limit is below the run's need (named).
+            or ``maxmemory`` leaves less room than the run's estimated footprint (both figures named).
     """
     try:
         mem = memory_info(conn)
@@ -98,9 +94,6 @@ def check_memory_settings(conn: redis.Redis, cfg: Any, allow_eviction: bool = Fa
         if not allow_eviction:
             raise RedisNotSuitable(msg)
         out.append(msg.split(". Set")[0] + " (allowed by --allow-eviction)")
-    from common import server_limits  # imports this module
-
-    out += server_limits.check(conn, cfg, collectors)
     need = estimate_footprint(cfg, collectors)
     if mem["max"] and mem["max"] - mem["used"] < need:
         # Started on a Redis without the room, every worker would meet OOM replies at once.

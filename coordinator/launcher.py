@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import redis
 from setproctitle import setproctitle
 
-from common import keys, phases, streams
+from common import keys, phases, server_limits, streams
 from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
@@ -317,7 +317,8 @@ class Launcher:
         conn = connect_checked(url)
         self.phases["redis_up"] = time.time()
         self._stale_run_id = conn.get(keys.run(self.ns))
-        for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
+        warnings = check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors)
+        for warning in warnings + server_limits.check(conn, self.cfg, self.collectors):  # maxclients, proto-max-bulk-len
             print(f"warning: {warning}", file=sys.stderr)
         return url, env, extra, conn
 
