@@ -509,8 +509,8 @@ class Coordinator:
                 code, reason = EXIT_ERROR, self._out_of_memory()
             except RunLost as e:
                 code, reason, self._hands_off = EXIT_ERROR, str(e), True
-            except redis.RedisError as e:  # e.g. unreachable after the client's retries (~15 s)
-                code, reason, self._hands_off = EXIT_ERROR, f"Redis failed: {type(e).__name__}: {e}", True
+            except (redis.ConnectionError, redis.TimeoutError) as e:  # still, after the client's retries (~15 s)
+                code, reason, self._hands_off = EXIT_ERROR, f"Redis unreachable: {type(e).__name__}: {e}", True
             # The wrap-up logs on this thread again, so its lines and the closing summary it
             # prints come out in order.
             restore_logging()
