@@ -1,4 +1,5 @@
-"""Redis as a database that fails (issue 19): a stall, a wipe, server limits, pickled payloads.
+"""Redis as a database that fails (issue 19): a stall, a wipe, a full Redis, server limits, clock
+skew, RQ's registry lost, eval bundles kept, pickled payloads.
 
 Each test drives the coordinator's or the workers' parts against a private redis-server and
 checks that the fault is reported as what it is, never as a dead worker, and that nothing the
@@ -10,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import queue
 import threading
 import time
 
