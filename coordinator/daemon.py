@@ -52,19 +52,18 @@ from redis.lock import Lock
 from rq import Queue
 from rq.job import Callback, Job, JobStatus
 
-from common import blobstore, events, keys, lease, phases, serialization, streams
+from common import blobstore, events, keys, lease, phases, serialization, server_limits, streams, worker_presence
 from common.connection import primary_changes
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from common.rq_json import TaskSerializer
-from common import server_limits, worker_presence
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
-from coordinator.stall import StallGuard
 from coordinator.bundles import EvalBundles
 from coordinator.clocks import WorkerClocks
 from coordinator.runs import link_latest, link_tensorboard, new_run_name, run_unfinished
+from coordinator.stall import StallGuard
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -480,7 +479,7 @@ class Coordinator:
     def _keep_alive(self) -> None:
         if not self.conn.exists(keys.run(self.exp)):
             raise RunLost(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
-                                   "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
+                          "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
         try:
             # Re-set the full TTL; fails atomically when the key expired or another coordinator holds it.
             self.lock.reacquire()
