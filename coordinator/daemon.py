@@ -49,17 +49,21 @@ import redis
 from easydict import EasyDict
 from redis.exceptions import LockError
 from redis.lock import Lock
-from rq import Queue, worker_registration
+from rq import Queue
 from rq.job import Callback, Job, JobStatus
 
-from common import blobstore, events, keys, lease, phases, serialization, streams
+from common import blobstore, events, keys, lease, phases, serialization, server_limits, streams, worker_presence
 from common.connection import primary_changes
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
+from common.rq_json import TaskSerializer
 from common.logs import build_logger, build_tb_writer
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.offload import DeferredScalars, offload_logging
+from coordinator.bundles import EvalBundles
+from coordinator.clocks import WorkerClocks
 from coordinator.runs import link_latest, link_tensorboard, new_run_name, run_unfinished
+from coordinator.stall import StallGuard
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_LIMIT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -69,6 +73,8 @@ _ALIVE_TTL_S = 6.0
 # Events the coordinator has read stay this long on the stream (rqrl status, the launcher's
 # progress line); unread ones are never trimmed. Eval results are kept whole in rqrl:{exp}:evals.
 _EVENTS_RETENTION_S = 600.0
+# Eval records kept in rqrl:{exp}:evals (newest; ~300 B each): the run folder's evals.jsonl has all.
+_EVALS_KEPT = 2000
 _TRIM_EVERY_S = 5.0
 # How often the collector workers are counted (two round trips), so a worker that joins gets a
 # task within about a second without the registry being read on every pass of the loop.
@@ -88,14 +94,15 @@ def eval_record(ev: dict[str, Any], run_id: str, envstep: int, wall_seconds: flo
 
     ``envstep`` (env steps collected so far) and ``wall_seconds`` (the run's wall clock: seconds
     since it started, pauses before a ``--resume`` not counted) are the coordinator's when it
-    read the event; ``time`` is the worker's unix time. An eval that finished no episode has
+    read the event; ``time`` is the coordinator's unix time at its receipt (one clock for the whole
+    run, whatever the workers' clocks say). An eval that finished no episode has
     ``episodes`` 0 and no ``reward_mean`` / ``reward_std`` (never 0.0: there is no number).
     """
     rec: dict[str, Any] = {
         "task_id": ev["task_id"], "run_id": run_id, "envstep": envstep,
         "train_iter": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
         "episodes": int(ev.get("real_episode_count") or 0), "confirmation": ev.get("confirmation") is True,
-        "time": ev.get("ts", time.time()), "wall_seconds": round(wall_seconds, 3)}
+        "time": round(time.time(), 3), "wall_seconds": round(wall_seconds, 3)}
     reward = events.episode_figure(ev, "reward_mean")
     if reward is not None:
         rec.update(reward_mean=reward, reward_std=events.episode_figure(ev, "reward_std") or 0.0)
@@ -133,17 +140,14 @@ def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
 
 
 def live_workers(conn: redis.Redis, queue: Queue) -> int:
-    """The ``rq worker`` processes listening on ``queue`` that are alive, per RQ's worker registry.
-
-    A worker joins the registry's set (``rq:workers:{queue}``) at its start and leaves it on a
-    warm or cold shutdown; one killed outright stays in the set until RQ's own key for it
-    expires (at most ``job_monitoring_interval`` + 60 s after its last heartbeat while it runs a
-    job, ``worker_ttl`` + 60 s while idle: 90 s and 480 s with RQ's defaults), so only members
-    whose key still exists count. Two round trips, whatever the number of workers (RQ's
-    ``Worker.all`` reads each worker's hash).
+    """The ``rq worker`` processes listening on ``queue`` that are alive
+    (:func:`common.worker_presence.count_live`): rqrl's workers by the alive key each refreshes
+    every 10 s (TTL 30 s), so a Redis that lost RQ's registry still sees them and a worker that
+    died stops counting within 30 s; stock ``rq worker`` processes by RQ's registry (a member
+    counts while its RQ key exists: up to 90 s after a kill while it runs a job, 480 s idle).
+    At most three round trips, whatever the number of workers.
     """
-    members = worker_registration.get_keys(queue=queue)
-    return int(conn.exists(*members)) if members else 0
+    return worker_presence.count_live(conn, queue.name)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -155,6 +159,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 class CoordinatorError(RuntimeError):
     """The coordinator cannot run (e.g. another one owns the run)."""
+
+
+class RunLost(CoordinatorError):
+    """Mid-run, Redis no longer holds this coordinator's run (wiped, flushed, restarted without
+    persistence) or another coordinator took it over: the wrap-up leaves Redis alone."""
 
 
 class Coordinator:
@@ -197,7 +206,8 @@ class Coordinator:
         self.tb = DeferredScalars(build_tb_writer(self.out / "tensorboard"))
         self.commander: BaseCommander = create_commander(cfg, tb_logger=self.tb, logger=self.log, run_id=self.run_id,
                                                          run_name=self.run_name)
-        self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
+        # JSON payloads: no worker ever unpickles what it reads from Redis (common/rq_json.py).
+        self.queues = {kind: Queue(name, connection=conn, serializer=TaskSerializer) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
         self._signal: Optional[int] = None
         self.learner_final: dict[str, Any] = {}  # the learner's closing figures, for summary.json
@@ -211,8 +221,7 @@ class Coordinator:
         self._last_failure = ""
         self._dirty: set[str] = set()  # task ids whose record changed since the last _persist
         self._drop_leases: list[str] = []  # task ids whose leases the next _persist revokes
-        self._last_liveness = time.monotonic()
-        self._grace_until = 0.0
+        self._stall = StallGuard(float(cfg.commander.heartbeat_timeout))  # a Redis stall is no worker death
         # The liveness pass runs on a thread; the tasks it finds dead wait here for the loop.
         self._dead: queue.SimpleQueue[list[tuple[str, str]]] = queue.SimpleQueue()
         self._stop_liveness = threading.Event()
@@ -221,8 +230,12 @@ class Coordinator:
         self._enqueue_lock = threading.Lock()
         self.resumed = False
         self._best_written: Optional[str] = None
+        self._bundles = EvalBundles()  # eval bundles in Redis: pruned to what can still be exported
+        self._clocks = WorkerClocks()  # workers whose clocks are off Redis's
         self._fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
         self._oom = False  # Redis answered OOM: the wrap-up is best effort
+        # Redis lost the run, or cannot be reached: the wrap-up writes the run folder from memory only.
+        self._hands_off = False
         self._last_event_id = ""  # the newest event read and acked: trimming never passes it
         self._next_trim = 0.0
         self._new_evals: list[dict[str, Any]] = []  # eval results to store with the next _persist
@@ -293,6 +306,8 @@ class Coordinator:
         saved = state.get("failures_in_a_row", {})
         self._failures_in_a_row = {"collector": 0, "learner": 0, **(saved if isinstance(saved, dict) else {})}
         self._last_event_id = str(state.get("last_event_id", ""))
+        self._best_written = state.get("best_written")  # the eval whose weights best.pt holds
+        self._bundles = EvalBundles(state.get("eval_bundles", ()))
         self.running = {k.decode(): json.loads(v) for k, v in self.conn.hgetall(keys.tasks(self.exp)).items()}
         self.resumed = True
         self.log.info("resuming run %s of %s: %d running tasks adopted, %d env steps, train iter %d",
@@ -396,10 +411,12 @@ class Coordinator:
         """Queue the commander state and the running tasks changed since the last call on ``pipe``
         (a MULTI pipeline); only changed task records are rewritten."""
         state = {"commander": self.commander.state_dict(), "run_id": self.run_id, "t0": self._t0,
-                 "failures_in_a_row": self._failures_in_a_row, "last_event_id": self._last_event_id}
+                 "failures_in_a_row": self._failures_in_a_row, "last_event_id": self._last_event_id,
+                 "best_written": self._best_written, "eval_bundles": sorted(self._bundles.stored)}
         pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
         if self._new_evals:
             pipe.rpush(keys.evals(self.exp), *[json.dumps(e) for e in self._new_evals])
+            pipe.ltrim(keys.evals(self.exp), -_EVALS_KEPT, -1)  # evals.jsonl in the run folder keeps them all
             self._write_evals_file(self._new_evals)
             self._new_evals = []
         # The config, the bulk of a task, is left out: the coordinator has it (a resumed run too).
@@ -435,7 +452,7 @@ class Coordinator:
                              "new primary", ch["from"], ch["to"])
         self.failovers = changes
         # Heartbeats written during the failover were refused: give every task one period to beat again.
-        self._grace_until = time.monotonic() + float(self.cfg.commander.heartbeat_timeout)
+        self._stall.grace()
         c = self.cfg.commander
         stream = keys.events(self.exp)
         streams.ensure_group(self.conn, stream, keys.COORDINATOR_GROUP, start_id="0")
@@ -461,8 +478,8 @@ class Coordinator:
 
     def _keep_alive(self) -> None:
         if not self.conn.exists(keys.run(self.exp)):
-            raise CoordinatorError(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
-                                   "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
+            raise RunLost(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
+                          "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
         try:
             # Re-set the full TTL; fails atomically when the key expired or another coordinator holds it.
             self.lock.reacquire()
@@ -470,7 +487,7 @@ class Coordinator:
             # Expired during a stall (a Redis pause longer than the TTL) and nobody took it: take it back.
             if not self.lock.acquire(blocking=False, token=self.name):
                 owner = self.conn.get(keys.coordinator_alive(self.exp))
-                raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode() if owner else '?'}") from None
+                raise RunLost(f"lost ownership of {self.exp!r} to {owner.decode() if owner else '?'}") from None
             self.log.warning("ownership key %s had expired during a stall; re-acquired", keys.coordinator_alive(self.exp))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -489,6 +506,10 @@ class Coordinator:
                 code, reason = self._loop()
             except redis.OutOfMemoryError:
                 code, reason = EXIT_ERROR, self._out_of_memory()
+            except RunLost as e:
+                code, reason, self._hands_off = EXIT_ERROR, str(e), True
+            except (redis.ConnectionError, redis.TimeoutError) as e:  # still, after the client's retries (~15 s)
+                code, reason, self._hands_off = EXIT_ERROR, f"Redis unreachable: {type(e).__name__}: {e}", True
             # The wrap-up logs on this thread again, so its lines and the closing summary it
             # prints come out in order.
             restore_logging()
@@ -505,6 +526,7 @@ class Coordinator:
                 pass  # expired or taken over: nothing of ours to release
 
     def _loop(self) -> tuple[int, str]:
+        self._rejections = server_limits.RejectionWatch(self.conn)  # maxclients: named when it is hit
         liveness = threading.Thread(target=self._liveness_thread, name="liveness", daemon=True)
         liveness.start()
         try:
@@ -540,6 +562,8 @@ class Coordinator:
             if now >= self._next_trim:
                 self._next_trim = now + _TRIM_EVERY_S
                 self._trim_events()
+                if rejected := self._rejections.reason():
+                    return EXIT_ERROR, rejected
             if converged:
                 last = self.commander.last_eval or {}
                 return EXIT_CONVERGED, (f"converged: eval reward_mean {last.get('reward_mean', 0):.2f} "
@@ -616,9 +640,10 @@ class Coordinator:
         try:
             entries = streams.read_group(self.conn, stream, keys.COORDINATOR_GROUP, self.name, 1000, block_ms)
         except redis.ResponseError as e:
-            if "NOGROUP" in str(e):
-                raise CoordinatorError(f"{stream} lost its consumer group: was Redis restarted without persistence "
-                                       "or flushed? See docs/deploy.md on AOF.") from None
+            # NOGROUP, or UNBLOCKED: the stream was deleted while this read waited on it.
+            if "NOGROUP" in str(e) or "UNBLOCKED" in str(e):
+                raise RunLost(f"Redis lost the state of run {self.exp!r} ({stream} lost its consumer group): was "
+                              "it restarted without persistence, or flushed? See docs/deploy.md on AOF.") from None
             raise
         return self._handle_entries(stream, entries)
 
@@ -629,6 +654,8 @@ class Coordinator:
         for entry_id, raw in entries:
             try:
                 ev = events.parse(stream, entry_id, raw)
+                if skew := self._clocks.note(ev, entry_id):
+                    self.log.warning("%s", skew)
                 converged |= self._route(ev)
             except (streams.MalformedEntry, KeyError, ValueError, TypeError) as e:
                 self.log.error("dropping bad event %s: %s", entry_id.decode(), e)
@@ -638,6 +665,7 @@ class Coordinator:
         pipe.xack(stream, keys.COORDINATOR_GROUP, *[e for e, _ in entries])
         pipe.execute()
         self._export_best()
+        self._bundles.prune(self.conn, self.exp, self.commander.eval_bundles_in_use)
         return converged
 
     def _export_best(self) -> None:
@@ -676,6 +704,7 @@ class Coordinator:
             if kind == "collector":
                 converged = self.commander.finish_collector_task(tid, ev)
                 if ev.get("eval_flag") is True:
+                    self._bundles.add(tid)
                     self._new_evals.append(eval_record(ev, self.run_id, self.commander.total_envstep,
                                                        time.time() - self._t0))
                     self._note_eval_phase(ev)
@@ -689,9 +718,17 @@ class Coordinator:
             self.learner_last = {"train_iter": int(ev.get("train_iter", 0)), "envstep": int(ev.get("collector_envstep", 0))}
             self.commander.finish_learner_task(tid, ev)
         elif etype == "failed":
+            if ev.get("source") == "rq_on_failure" and self.conn.exists(keys.heartbeat(self.exp, tid)):
+                # RQ's verdict (e.g. its abandoned-job cleanup on a worker whose clock runs ahead)
+                # never overrides a live task's fresh heartbeat; a real death stops the heartbeat.
+                self.log.warning("RQ reported task %s failed (%s), but its heartbeat is fresh: ignored", tid,
+                                 ev.get("error", "?"))
+                return False
             self._fail(tid, ev.get("error", "unknown error"))
             if ev.get("fatal") is True:  # a replacement would fail the same way (e.g. NaN weights)
                 self._fatal = f"{kind} task {tid} failed: {ev.get('error', 'unknown error')}"
+            elif limit := server_limits.explain(self.conn, str(ev.get("error", ""))):
+                self._fatal = f"{kind} task {tid} failed: {limit}"
         return False
 
     def _note_eval_phase(self, ev: dict[str, Any]) -> None:
@@ -781,23 +818,23 @@ class Coordinator:
         """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
 
         Two round trips whatever the number of tasks: one MGET of the heartbeat keys, one
-        pipeline reading the status of the queued tasks' RQ jobs. After a stall of this pass (a
-        Redis pause, a dropped connection), workers get one heartbeat period to refresh before
-        missing heartbeats count as deaths.
+        pipeline reading the status of the queued tasks' RQ jobs. A heartbeat read that spanned
+        a stall (a Redis pause longer than the heartbeat TTL expires every heartbeat while no
+        worker can write) is not trusted, and workers get one heartbeat period after it to
+        refresh before missing heartbeats count as deaths (:class:`coordinator.stall.StallGuard`).
         """
-        now = time.monotonic()
-        if now - self._last_liveness > 3.0:
-            self._grace_until = now + float(self.cfg.commander.heartbeat_timeout)
-            self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
-                             now - self._last_liveness, self.cfg.commander.heartbeat_timeout)
-        self._last_liveness = now
         with self._enqueue_lock:
             snapshot = list(self.running.items())
         started = [t for t, e in snapshot if e["started"]]
         waiting = [t for t, e in snapshot if not e["started"]]
         dead = []
-        if started and now >= self._grace_until:
-            beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started])
+        beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started]) if started else []
+        # The clock is read after the reply: the reply that spanned a stall is the one to distrust.
+        trusted = self._stall.read_done()
+        if self._stall.stall_s:
+            self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
+                             self._stall.stall_s, self.cfg.commander.heartbeat_timeout)
+        if trusted:
             dead += [(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
                          f"{self.cfg.commander.heartbeat_timeout} s): the worker process died")
                      for t, beat in zip(started, beats) if beat is None]
@@ -855,7 +892,10 @@ class Coordinator:
         return reason
 
     def _best_effort(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> bool:
-        """Run a Redis write of the wrap-up; an OOM reply is logged, not raised (the run is ending)."""
+        """Run a Redis write of the wrap-up; an OOM reply is logged, not raised (the run is ending).
+        Skipped (False) once Redis lost the run or cannot be reached."""
+        if self._hands_off:
+            return False
         try:
             fn(*args, **kwargs)
             return True
@@ -871,6 +911,8 @@ class Coordinator:
                        run_id=self.run_id, coordinator=self.name,
                        collector_workers=self.collector_workers,
                        wall_seconds=round(time.time() - self._t0, 2), **extra)
+        if self._clocks.skewed:
+            summary["worker_clock_skew"] = self._clocks.summary()
         if self.failovers:  # one line per Sentinel failover seen (summary fields are scalars)
             summary["redis_failovers"] = len(self.failovers)
             summary["redis_failover"] = "; ".join(
@@ -900,13 +942,16 @@ class Coordinator:
                          "last_eval_envstep": last.get("envstep"),
                          "last_eval_policy_envstep": last.get("policy_envstep"),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
-        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and self.running:
+        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and self.running \
+                and not self._hands_off:
             # DEL needs no memory: without their leases the tasks stop at their next write.
             lease.revoke(self.conn, self.exp, *self.running)
         self._best_effort("cancel queued tasks", self._cancel_queued)
         timeout = float(self.cfg.commander.finish_timeout)
         if code == EXIT_INTERRUPTED or self._oom:
             timeout = min(timeout, 10.0)
+        if self._hands_off:
+            timeout = 0.0  # no learner can report through a Redis that lost the run
         deadline = time.time() + timeout
         while any(e["kind"] == "learner" for e in self.running.values()) and time.time() < deadline:
             if not self._best_effort("read events", self._process_events, block_ms=250):
@@ -951,6 +996,8 @@ class Coordinator:
     def _phases_at_end(self) -> dict[str, float]:
         """Record phase ``final_pt`` (final.pt is written, summary.json is next) and return the
         run's phases for summary.json (common/phases.py); what Redis cannot give is left out."""
+        if self._hands_off:
+            return {}
         self._best_effort("record phase final_pt", phases.record, self.conn, self.exp, "final_pt")
         try:
             return phases.read(self.conn, self.exp)
@@ -1002,7 +1049,7 @@ class Coordinator:
 
     def _cancel_queued(self) -> None:
         waiting = [t for t, e in self.running.items() if not e["started"]]
-        for job in Job.fetch_many(waiting, connection=self.conn) if waiting else []:
+        for job in Job.fetch_many(waiting, connection=self.conn, serializer=TaskSerializer) if waiting else []:
             if job is not None and job.get_status(refresh=False) == JobStatus.QUEUED:
                 job.cancel()
         for t in waiting:
@@ -1012,6 +1059,23 @@ class Coordinator:
             if entry["kind"] == "collector":
                 self.commander.notify_fail_collector_task(entry["task"])
         self._persist(self.conn.pipeline(transaction=True)).execute()
+
+    def _final_from_best(self, path: Path) -> Optional[Path]:
+        """``final.pt`` without Redis: a copy of ``best.pt`` when the best eval reached stop_value
+        (best.pt holds exactly the weights that eval played), else none."""
+        best = getattr(self.commander, "best_eval", {})
+        stop_value, reward = self.cfg.env.stop_value, best.get("reward_mean")
+        best_pt = self.out / "best.pt"
+        if (stop_value is None or reward is None or reward < float(stop_value) or not best_pt.is_file()
+                or best.get("task_id") != self._best_written):
+            self.log.warning("no final.pt: Redis no longer holds the run's weights and no eval reached stop_value "
+                             "(ckpt/latest.pth and resume.json remain for --resume)")
+            return None
+        _write_atomic(path, best_pt.read_bytes())
+        self._at_stop["final_policy_version"] = best.get("policy_version")
+        self.log.warning("final.pt is best.pt (eval reward_mean %.2f >= stop_value %s, not confirmed): Redis no "
+                         "longer holds the run", reward, stop_value)
+        return path
 
     def _export_final(self) -> Optional[Path]:
         """Write ``final.pt`` (common/policy/export.py: the acting weights, algorithm, config and spaces).
@@ -1024,6 +1088,8 @@ class Coordinator:
         """
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "final.pt"
+        if self._hands_off:
+            return self._final_from_best(path)
         final_task = self._at_stop.get("final_eval_task")
         got = blobstore.get_versioned(self.conn, keys.evaluated_policy(self.exp, final_task)) if final_task else None
         if got is not None:
