@@ -108,6 +108,10 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
                 task_max_seconds=60.0,
                 # Seconds a worker keeps a run's envs with no task of the run before closing them.
                 env_idle_s=300.0,
+                # Seconds one env.step may take before the task fails naming the env (a hung
+                # simulator would otherwise hold the task, or every later eval, until the job
+                # timeout); 0 = no limit (workers/step_watch.py).
+                step_timeout_s=60.0,
                 data_ttl=600,  # seconds a step-data blob lives in Redis
                 torch_threads=1,
                 policy_wait_s=120.0,  # seconds a task waits for the learner's first policy
@@ -343,8 +347,9 @@ def _validate(cfg: dict) -> None:
     for name in ("task_env_steps", "task_max_seconds"):
         if name in col and not col[name] > 0:
             raise ConfigError(f"config key 'policy.collect.collector.{name}' must be > 0, got {col[name]!r}")
-    if col.get("env_idle_s", 0) < 0:
-        raise ConfigError(f"config key 'policy.collect.collector.env_idle_s' must be >= 0, got {col['env_idle_s']!r}")
+    for name in ("env_idle_s", "step_timeout_s"):
+        if col.get(name, 0) < 0:
+            raise ConfigError(f"config key 'policy.collect.collector.{name}' must be >= 0, got {col[name]!r}")
     share = cfg["commander"]["eval_max_share"]
     if not 0 < share <= 1:
         raise ConfigError(f"config key 'commander.eval_max_share' must be in (0, 1], got {share!r}")

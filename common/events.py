@@ -9,6 +9,7 @@ Each entry has the fields ``type`` (one of :data:`EVENT_TYPES`), ``task_id``, ``
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any, Optional
@@ -41,7 +42,33 @@ def emit(conn: redis.Redis, exp: str, type_: str, task_id: str, task_type: str, 
     body.update(fields)
     # No MAXLEN here: a cap would drop events the coordinator has not read yet (it may be down
     # for a while). The coordinator trims what it has read (see coordinator/daemon.py).
-    return streams.add(conn, keys.events(exp), body, maxlen=None)
+    entry_id = streams.add(conn, keys.events(exp), body, maxlen=None)
+    _warn_if_skewed(clock_offset_s(entry_id, body["ts"]))
+    return entry_id
+
+
+# Seconds a process's clock may differ from Redis's before it is warned about (its log; the
+# coordinator's log and rqrl status for the workers' clocks).
+CLOCK_SKEW_WARN_S = 5.0
+_skew_warned = False
+
+
+def clock_offset_s(entry_id: bytes | str, ts: float) -> float:
+    """This writer's clock minus Redis's, in seconds: ``ts`` (its unix time when it sent the entry)
+    against the stream entry id Redis gave it (milliseconds of the server's clock). A round trip
+    adds at most its own length."""
+    ms = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")[0]
+    return float(ts) - int(ms) / 1000.0
+
+
+def _warn_if_skewed(offset: float) -> None:
+    global _skew_warned
+    if abs(offset) > CLOCK_SKEW_WARN_S and not _skew_warned:
+        _skew_warned = True
+        logging.getLogger("rqrl.clock").warning(
+            "this machine's clock is %+.1f s off Redis's (more than %g s): rqrl takes run times from one clock, "
+            "but RQ's own job bookkeeping on this worker uses this one; synchronize it (NTP)", offset,
+            CLOCK_SKEW_WARN_S)
 
 
 def parse(stream: str, entry_id: bytes, raw: dict[bytes, bytes]) -> dict[str, Any]:

@@ -23,6 +23,8 @@ built by hand without ``run_name`` uses ``{exp_name}`` alone)::
     rqrl:{exp}:task:{task_id}:heartbeat      string with a TTL, refreshed by a running task
     rqrl:{exp}:task:{task_id}:evaluated      hash (TTL): the final.pt bundle an eval task played
     rqrl:{exp}:learner_group:{group_id}      list (TTL): rank 0's rendezvous address, one copy per other rank
+    rqrl:workers:{queue}                     set of rqrl worker names on the queue (refreshed: common/worker_presence.py)
+    rqrl:worker:{name}:alive                 string with a TTL, refreshed by a live rqrl worker
     rqrl:runs                                set of run namespaces (``{exp_name}/{run_name}``) seen by coordinators
 """
 
@@ -149,6 +151,18 @@ def worker_notice(worker_name: str) -> str:
     """Set (with a TTL) once a stock forking collector worker has logged that it cannot keep envs
     between tasks, so its log says so once rather than at every task."""
     return f"{PREFIX}:worker:{_check('worker_name', worker_name)}:env_notice"
+
+
+def workers_alive(queue: str) -> str:
+    """Set of the names of rqrl's workers on ``queue`` (common/worker_presence.py), added to at
+    every refresh of their :func:`worker_alive` key, so a Redis that lost it has it back within
+    one refresh."""
+    return f"{PREFIX}:workers:{_check('queue', queue)}"
+
+
+def worker_alive(worker_name: str) -> str:
+    """String with a TTL that a live rqrl worker refreshes (common/worker_presence.py)."""
+    return f"{PREFIX}:worker:{_check('worker_name', worker_name)}:alive"
 
 
 def envstep(exp: str) -> str:

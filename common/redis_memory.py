@@ -40,15 +40,9 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.1f} MB"
 
 
-def estimate_footprint(cfg: Any, collectors: int = 2) -> int:
-    """Bytes a run of ``cfg`` may hold in Redis at once (a rough upper estimate).
-
-    Capped streams (events and the buffer's metadata, :data:`common.streams.DEFAULT_MAXLEN`
-    entries each), the published policy and three checkpoints (model, target, Adam moments),
-    step data in flight (``max_env_step_lead`` plus a chunk per collector) and RQ's job records.
-    """
-    policy = cfg.get("policy", {})
-    model = policy.get("model", {})
+def model_sizes(cfg: Any) -> tuple[int, int]:
+    """``(parameters, bytes per step-data row)`` of ``cfg``'s model, roughly (upper estimates)."""
+    model = cfg.get("policy", {}).get("model", {})
     shape = model.get("obs_shape", 4) or 4
     # An image's shape is a list: its pixels as MLP inputs overstate the conv net, an upper estimate.
     image = isinstance(shape, (list, tuple)) and len(shape) >= 2
@@ -56,8 +50,22 @@ def estimate_footprint(cfg: Any, collectors: int = 2) -> int:
     act = int(model.get("action_shape", 2) or 2)
     dims = [obs, *[int(h) for h in model.get("hidden_size_list", [128, 128])]]
     params = sum(a * b + b for a, b in zip(dims, dims[1:])) + 2 * (dims[-1] * act + act)
-    weights = 4 * params * (1 + 2 * 4 + 1)  # policy, latest + final (4 tensors/param each), final_model
     row = 2 * obs * (1 if image else 4) + 24  # obs, next_obs (uint8 images, else float32) + action, reward, done, discount
+    return params, row
+
+
+def estimate_footprint(cfg: Any, collectors: int = 2) -> int:
+    """Bytes a run of ``cfg`` may hold in Redis at once (a rough upper estimate).
+
+    Capped streams (events and the buffer's metadata, :data:`common.streams.DEFAULT_MAXLEN`
+    entries each), the published policy and three checkpoints (model, target, Adam moments), the
+    three eval bundles kept (best, under confirmation, converged: coordinator/bundles.py), step
+    data in flight (``max_env_step_lead`` plus a chunk per collector) and RQ's job records.
+    """
+    params, row = model_sizes(cfg)
+    policy = cfg.get("policy", {})
+    # policy, latest + final checkpoints (4 tensors/param each), final_model, 3 eval bundles
+    weights = 4 * params * (1 + 2 * 4 + 1 + 3)
     lead = int(policy.get("learn", {}).get("max_env_step_lead", 256) or 256)
     n_sample = int(policy.get("collect", {}).get("n_sample", 128) or 128)
     in_flight = (lead + 2 * n_sample * (collectors + 1)) * row
@@ -68,10 +76,11 @@ def check_memory_settings(conn: redis.Redis, cfg: Any, allow_eviction: bool = Fa
     """Check ``maxmemory-policy`` and ``maxmemory`` before a run.
 
     Returns:
-        Warnings to print (room below the estimated footprint; an allowed eviction policy).
+        Warnings to print (an eviction policy allowed by ``allow_eviction``).
 
     Raises:
-        RedisNotSuitable: the policy can evict rqrl's keys and ``allow_eviction`` is false.
+        RedisNotSuitable: the policy can evict rqrl's keys and ``allow_eviction`` is false,
+            or ``maxmemory`` leaves less room than the run's estimated footprint (both figures named).
     """
     try:
         mem = memory_info(conn)
@@ -87,9 +96,11 @@ def check_memory_settings(conn: redis.Redis, cfg: Any, allow_eviction: bool = Fa
         out.append(msg.split(". Set")[0] + " (allowed by --allow-eviction)")
     need = estimate_footprint(cfg, collectors)
     if mem["max"] and mem["max"] - mem["used"] < need:
-        out.append(f"Redis maxmemory {_mb(mem['max'])} leaves {_mb(max(0, mem['max'] - mem['used']))} free; this run "
-                   f"may need ~{_mb(need)} (capped streams, weights, checkpoints, step data in flight). A full "
-                   "Redis stops the run ('Redis out of memory'); raise maxmemory")
+        # Started on a Redis without the room, every worker would meet OOM replies at once.
+        raise RedisNotSuitable(
+            f"Redis maxmemory {_mb(mem['max'])} leaves {_mb(max(0, mem['max'] - mem['used']))} free (used "
+            f"{_mb(mem['used'])}); this run needs ~{_mb(need)} (capped streams, weights, checkpoints, eval bundles, "
+            "step data in flight): raise maxmemory, or free memory in Redis")
     return out
 
 

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except RedisUnavailable as e:
         print(e, file=sys.stderr)
         return 1
+    from common import server_limits
     from common.redis_memory import RedisNotSuitable, check_memory_settings
 
     from rq import Queue
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     collectors = cfg.commander.collector_task_space or max(
         2, live_workers(conn, Queue(keys.COLLECTOR_QUEUE, connection=conn)))
     try:
-        for warning in check_memory_settings(conn, cfg, args.allow_eviction, int(collectors)):
+        warnings = check_memory_settings(conn, cfg, args.allow_eviction, int(collectors))
+        for warning in warnings + server_limits.check(conn, cfg, int(collectors)):
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     except RedisNotSuitable as e:
         print(f"coordinator: {e}", file=sys.stderr)

@@ -116,6 +116,7 @@ def find_jobs(conn: Any, exp: str, warnings: Optional[list[str]] = None) -> list
     from rq.job import Job
 
     from common import keys
+    from common.rq_json import TaskSerializer
 
     found: list[JobInfo] = []
     for qname in (keys.COLLECTOR_QUEUE, keys.LEARNER_QUEUE):
@@ -127,13 +128,13 @@ def find_jobs(conn: Any, exp: str, warnings: Optional[list[str]] = None) -> list
             for jid in getattr(q, attr).get_job_ids(cleanup=False):
                 places.setdefault(jid, []).append(label)
         ids = list(places)
-        jobs = Job.fetch_many(ids, connection=conn) if ids else []
+        jobs = Job.fetch_many(ids, connection=conn, serializer=TaskSerializer) if ids else []
         for jid, job in zip(ids, jobs):
             if job is None:
                 continue  # a registry entry whose job hash already expired: RQ cleans those itself
             try:
                 owner = _job_exp(job)
-            except Exception as e:  # a payload that does not unpickle is not ours to judge
+            except Exception as e:  # a payload that is not JSON (never unpickled) is not ours to judge
                 if warnings is not None:
                     warnings.append(f"job {jid} in queue {qname}: cannot read its arguments ({type(e).__name__}); left alone")
                 continue
@@ -228,10 +229,11 @@ def delete(conn: Any, p: Plan) -> dict[str, int]:
     from rq.job import Job
 
     from common import keys
+    from common.rq_json import TaskSerializer
 
     stopped = jobs = 0
     for j in p.jobs:
-        job = Job.fetch_many([j.job_id], connection=conn)[0]
+        job = Job.fetch_many([j.job_id], connection=conn, serializer=TaskSerializer)[0]
         if job is None:
             continue
         if "started" in j.where:

@@ -32,12 +32,14 @@ def _check_redis(url: str | None, cfg, allow_eviction: bool, collectors: int) ->
     """
     if url is None:
         return  # a private redis-server: started, and checked, by the launcher
+    from common import server_limits
     from common.connection import connect_checked
     from common.redis_memory import check_memory_settings
 
     conn = connect_checked(url, socket_timeout=5, patient=False)
     try:
         check_memory_settings(conn, cfg, allow_eviction, collectors)  # raises; the launcher prints warnings
+        server_limits.check(conn, cfg, collectors)  # maxclients, proto-max-bulk-len
     finally:
         conn.close()
 

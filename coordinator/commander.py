@@ -135,6 +135,12 @@ class BaseCommander(ABC):
 
     @property
     @abstractmethod
+    def eval_bundles_in_use(self) -> set[str]:
+        """Eval task ids whose stored bundles (``rqrl:{exp}:task:{id}:evaluated``) can still be
+        exported or replayed; the coordinator deletes the others."""
+
+    @property
+    @abstractmethod
     def final_eval_task(self) -> Optional[str]:
         """The eval task whose weights passed (and were confirmed), which final.pt exports; None
         until the run converges."""
@@ -547,6 +553,13 @@ class SoloCommander(BaseCommander):
     def best_eval(self) -> dict:
         """The best eval so far: ``task_id``, ``reward_mean``, ``policy_version``, ``envstep`` (empty before one)."""
         return dict(self._best)
+
+    @property
+    def eval_bundles_in_use(self) -> set[str]:
+        """Eval task ids whose stored bundles (``rqrl:{exp}:task:{id}:evaluated``) can still be
+        exported or replayed: the best eval's (best.pt), the eval under confirmation's (the
+        confirming task replays it) and the converged one's (final.pt)."""
+        return {t for t in (self._best.get("task_id"), (self._confirm or {}).get("task_id"), self._final_task) if t}
 
     @property
     def final_eval_task(self) -> Optional[str]:

@@ -33,11 +33,13 @@ from typing import Any, Optional
 import redis
 from easydict import EasyDict
 
-from common import events, keys, streams
+from common import events, keys, server_limits, streams
 from common.logs import build_logger, build_tb_writer
 from coordinator.collect_setting import SettingPublisher
 from coordinator.commander import BaseCommander, create_commander
-from coordinator.errors import CoordinatorError
+from coordinator.clocks import WorkerClocks
+from coordinator.errors import CoordinatorError, RunLost
+from coordinator.bundles import EvalBundles
 from coordinator.eval_log import EvalLog
 from coordinator.failover import FailoverWatch
 from coordinator.event_reader import Entries, EventReader
@@ -114,8 +116,9 @@ class Coordinator:
         self.wrapup = WrapUp(conn, cfg, self.exp, self.out, self.commander, self.tasks, self._summary_fields,
                              self.log, done_fd)
         self.failover = FailoverWatch(conn, self.log)
-        self.router = EventRouter(self.tasks, self.commander, self.eval_log, self.wrapup, self.tb, self.out,
-                                  lambda: (self.run_id, time.time() - self.t0))
+        self.router = EventRouter(conn, self.exp, self.tasks, self.commander, self.eval_log, self.wrapup, self.tb,
+                                  self.out, lambda: (self.run_id, time.time() - self.t0), self.log)
+        self.clocks = WorkerClocks()  # workers whose clocks are off Redis's
         self.workers = WorkerCount(conn, self.tasks.queues["collector"], self.commander, self.log)
         self.setting = SettingPublisher(conn, self.exp, self.commander)
         self._signal: Optional[int] = None
@@ -153,6 +156,8 @@ class Coordinator:
         self.t0 = float(state["t0"])
         self.tasks.adopt(state.get("failures_in_a_row", {}))
         self.event_reader.last_id = str(state.get("last_event_id", ""))
+        self.wrapup.best_written = state.get("best_written")  # the eval whose weights best.pt holds
+        self.wrapup.bundles = EvalBundles(state.get("eval_bundles", ()))
         self.resumed = True
         self.log.info("resuming run %s of %s: %d running tasks adopted, %d env steps, train iter %d", self.run_id,
                       self.exp, len(self.tasks.running), self.commander.total_envstep, self.commander.train_iter)
@@ -164,7 +169,8 @@ class Coordinator:
         """Queue the coordinator's state (commander state, run id and clock, failures in a row, the
         last event read), new eval results and the changed task records on ``pipe`` (a MULTI pipeline)."""
         state = {"commander": self.commander.state_dict(), "run_id": self.run_id, "t0": self.t0,
-                 "failures_in_a_row": self.tasks.failures_in_a_row, "last_event_id": self.event_reader.last_id}
+                 "failures_in_a_row": self.tasks.failures_in_a_row, "last_event_id": self.event_reader.last_id,
+                 "best_written": self.wrapup.best_written, "eval_bundles": sorted(self.wrapup.bundles.stored)}
         pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
         self.eval_log.persist(pipe)
         return self.tasks.persist(pipe)
@@ -208,6 +214,10 @@ class Coordinator:
                 code, reason = self._loop()
             except redis.OutOfMemoryError:
                 code, reason = EXIT_ERROR, self.wrapup.out_of_memory()
+            except RunLost as e:
+                code, reason, self.wrapup.hands_off = EXIT_ERROR, str(e), True
+            except (redis.ConnectionError, redis.TimeoutError) as e:  # still, after the client's retries (~15 s)
+                code, reason, self.wrapup.hands_off = EXIT_ERROR, f"Redis unreachable: {type(e).__name__}: {e}", True
             # The wrap-up logs on this thread again, so its lines and the closing summary it
             # prints come out in order.
             restore_logging()
@@ -230,6 +240,14 @@ class Coordinator:
         timers.every(1.0, lambda: self.wrapup.write_summary(running=True))  # for rqrl status
         timers.every(1.0, lambda: self.resume_point.save(self.run_id, self.t0))
         timers.every(_TRIM_EVERY_S, lambda: self.event_reader.trim(time.time()))
+        rejections = server_limits.RejectionWatch(self.conn)  # maxclients: named when it is hit
+        rejected: list[str] = []
+
+        def check_limits() -> None:
+            if reason := rejections.reason():
+                rejected.append(reason)
+
+        timers.every(_TRIM_EVERY_S, check_limits)
         self.liveness.start()
         try:
             while True:
@@ -244,6 +262,8 @@ class Coordinator:
                 self._follow_failover()
                 self._dispatch()  # refill freed slots before the periodic work below
                 timers.poll()
+                if rejected:
+                    return EXIT_ERROR, rejected[0]
                 stop = stop_reason(self.cfg, self.commander, self.tasks, converged, time.time() - self.t0)
                 if stop is not None:
                     return stop
@@ -276,6 +296,8 @@ class Coordinator:
         for entry_id, raw in entries:
             try:
                 ev = events.parse(self.event_reader.stream, entry_id, raw)
+                if skew := self.clocks.note(ev, entry_id):
+                    self.log.warning("%s", skew)
                 converged |= self.router.route(ev)
             except (streams.MalformedEntry, KeyError, ValueError, TypeError) as e:
                 self.log.error("dropping bad event %s: %s", entry_id.decode(), e)
@@ -284,6 +306,7 @@ class Coordinator:
         self.event_reader.ack(pipe, entries)
         self._persist(pipe).execute()
         self.wrapup.export_best()
+        self.wrapup.prune_bundles()
         return converged
 
     # ------------------------------------------------------------------ liveness
@@ -308,7 +331,8 @@ class Coordinator:
         """The summary's fields of the moment: the commander's, the run's identity and wall seconds."""
         return dict(self.commander.summary(), exp_name=self.exp_name, run_name=self.run_name, run_id=self.run_id,
                     coordinator=self.name, collector_workers=self.workers.count,
-                    wall_seconds=round(time.time() - self.t0, 2), **self.failover.summary_fields())
+                    wall_seconds=round(time.time() - self.t0, 2), **self.failover.summary_fields(),
+                    **({"worker_clock_skew": self.clocks.summary()} if self.clocks.skewed else {}))
 
     def _finish(self, code: int, reason: str) -> None:
         self.wrapup.finish(code, reason, pump=self._process_events, check_liveness=self._check_liveness,

@@ -16,20 +16,24 @@ import redis
 
 from common import events, keys, phases
 
+# Eval records kept in rqrl:{exp}:evals (newest; ~300 B each): the run folder's evals.jsonl has all.
+_EVALS_KEPT = 2000
+
 
 def eval_record(ev: dict[str, Any], run_id: str, envstep: int, wall_seconds: float) -> dict[str, Any]:
     """The record of one finished eval task (``rqrl:{exp}:evals``, ``evals.jsonl``) from its event.
 
     ``envstep`` (env steps collected so far) and ``wall_seconds`` (the run's wall clock: seconds
     since it started, pauses before a ``--resume`` not counted) are the coordinator's when it
-    read the event; ``time`` is the worker's unix time. An eval that finished no episode has
+    read the event; ``time`` is the coordinator's unix time at its receipt (one clock for the whole
+    run, whatever the workers' clocks say). An eval that finished no episode has
     ``episodes`` 0 and no ``reward_mean`` / ``reward_std`` (never 0.0: there is no number).
     """
     rec: dict[str, Any] = {
         "task_id": ev["task_id"], "run_id": run_id, "envstep": envstep,
         "policy_version": ev.get("policy_version", 0), "policy_envstep": ev.get("policy_envstep", 0),
         "episodes": int(ev.get("real_episode_count") or 0), "confirmation": ev.get("confirmation") is True,
-        "time": ev.get("ts", time.time()), "wall_seconds": round(wall_seconds, 3)}
+        "time": round(time.time(), 3), "wall_seconds": round(wall_seconds, 3)}
     reward = events.episode_figure(ev, "reward_mean")
     if reward is not None:
         rec.update(reward_mean=reward, reward_std=events.episode_figure(ev, "reward_std") or 0.0)
@@ -72,6 +76,7 @@ class EvalLog:
         if not self._new:
             return
         pipe.rpush(keys.evals(self.exp), *[json.dumps(e) for e in self._new])
+        pipe.ltrim(keys.evals(self.exp), -_EVALS_KEPT, -1)  # evals.jsonl in the run folder keeps them all
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.out / "evals.jsonl", "a") as f:
             f.writelines(json.dumps(e) + "\n" for e in self._new)

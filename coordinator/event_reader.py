@@ -14,7 +14,7 @@ from typing import Iterator
 import redis
 
 from common import keys, streams
-from coordinator.errors import CoordinatorError
+from coordinator.errors import RunLost
 
 # Events the coordinator has read stay this long on the stream (rqrl status, the launcher's
 # progress line); unread ones are never trimmed. Eval results are kept whole in rqrl:{exp}:evals.
@@ -39,7 +39,7 @@ class EventReader:
     """
 
     def __init__(self, conn: redis.Redis, exp: str, consumer: str, log: logging.Logger) -> None:
-        self.conn, self.consumer, self.log = conn, consumer, log
+        self.conn, self.exp, self.consumer, self.log = conn, exp, consumer, log
         self.stream = keys.events(exp)
         self.last_id = ""  # the newest event read and acked: trimming never passes it
         self.lost = ""  # how unread events were found trimmed, if they were
@@ -51,15 +51,15 @@ class EventReader:
         """New events (at most 1,000), waiting at most ``block_ms`` milliseconds for the first.
 
         Raises:
-            CoordinatorError: the stream or its consumer group is gone (Redis restarted empty, or flushed).
+            RunLost: the stream or its consumer group is gone (Redis restarted empty, or flushed).
         """
         try:
             return streams.read_group(self.conn, self.stream, keys.COORDINATOR_GROUP, self.consumer, 1000, block_ms)
         except redis.ResponseError as e:
             # NOGROUP between reads; Redis 7 answers a read blocked on a stream that vanished with UNBLOCKED.
-            if "NOGROUP" in str(e) or "UNBLOCKED the stream key no longer exists" in str(e):
-                raise CoordinatorError(f"{self.stream} lost its consumer group: was Redis restarted without "
-                                       "persistence or flushed? See docs/deploy.md on AOF.") from None
+            if "NOGROUP" in str(e) or "UNBLOCKED" in str(e):
+                raise RunLost(f"Redis lost the state of run {self.exp!r} ({self.stream} lost its consumer group): "
+                              "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.") from None
             raise
 
     def reclaim(self) -> Iterator[Entries]:

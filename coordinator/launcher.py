@@ -21,6 +21,7 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,12 +33,13 @@ from typing import Any, Callable, Optional
 import redis
 from setproctitle import setproctitle
 
-from common import keys, phases, streams
+from common import keys, phases, server_limits, streams
 from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
 from common.redis_memory import check_memory_settings
 from coordinator import closing
+from coordinator.lifeline import Lifeline
 from coordinator.progress import Progress, budgets_of
 
 # The learner runs in a forked work-horse (PreloadWorker); collectors in the worker process
@@ -48,6 +50,8 @@ _WORKER_CLASS = {keys.LEARNER_QUEUE: "workers.worker.PreloadWorker", keys.COLLEC
 # A collector worker that dies (it runs its tasks, and their envs, in its own process) is forked
 # again, as a supervisor would, at most this many times per worker.
 _MAX_RESTARTS = 5
+# Lines of the coordinator's log shown when it ended without its closing summary.
+_LAST_WORDS = 5
 # How long the background teardown lets the coordinator draw curve.png before stopping it.
 _CURVE_GRACE_S = 60.0
 
@@ -154,6 +158,17 @@ def _raise_interrupt(signum: int, _frame: Any) -> None:
     raise _Terminated(signum)
 
 
+def _drop_if_empty(run_dir: Path) -> None:
+    """Remove a run folder in which nothing was written (a launch refused before any process
+    logged a line), and its experiment folder if that is empty then."""
+    if run_dir.is_dir() and not any(p.is_file() or p.is_symlink() for p in run_dir.rglob("*")):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        try:
+            run_dir.parent.rmdir()
+        except OSError:  # other runs of the experiment are there
+            pass
+
+
 class Launcher:
     """Runs one experiment on this machine (see module docstring).
 
@@ -200,6 +215,8 @@ class Launcher:
         # and final.pt are written (coordinator/daemon.py, done_fd).
         self._done_r: Optional[int] = None
         self._done_code: Optional[int] = None
+        # Ends every child (and the private Redis) when this process dies, kill -9 included.
+        self._lifeline: Optional[Lifeline] = None
 
     def _fork(self, name: str, main: Callable[[list[str]], int], argv: list[str], env: dict[str, str],
               path: list[str], nice: int = 0) -> None:
@@ -220,6 +237,8 @@ class Launcher:
             # Its own name in ps: the inherited command line may carry a --redis-url password.
             setproctitle(f"rqrl {name} {self.ns}")
             os.setsid()
+            if self._lifeline is not None:
+                self._lifeline.in_child()
             if nice:
                 os.nice(nice)
             for s in (signal.SIGTERM, signal.SIGHUP):
@@ -248,8 +267,12 @@ class Launcher:
     def run(self) -> int:
         """Launch, follow and tear down; returns the coordinator's exit code (130 on Ctrl-C)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._lifeline = Lifeline()
         # SIGTERM / SIGHUP (kill, timeout, a closed terminal) stop the run like Ctrl-C does.
         previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        # Started in the background by a script (`rqrl train ... &`), this process inherits SIGINT
+        # ignored, and Python then installs no handler: `kill -INT` must still stop the run.
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return self._run()
         except KeyboardInterrupt as e:
@@ -270,6 +293,7 @@ class Launcher:
                 self._teardown_in_background()
             else:
                 self._teardown()
+                _drop_if_empty(self.run_dir)
             for s, h in previous.items():
                 signal.signal(s, h)
 
@@ -280,6 +304,8 @@ class Launcher:
         if url is None:
             self.embedded = EmbeddedRedis().start()
             url = self.embedded.url
+            if self._lifeline is not None:  # stops it once no rqrl process is left, however they ended
+                self._lifeline.guard(self.embedded.stop)
             print(f"started a private redis-server at {url}", file=sys.stderr)
         self.url = url
         # RQ's --connection-class: `rq worker` then takes rqrl's URLs (redis+sentinel:// too) and retries.
@@ -292,7 +318,8 @@ class Launcher:
         conn = connect_checked(url)
         self.phases["redis_up"] = time.time()
         self._stale_run_id = conn.get(keys.run(self.ns))
-        for warning in check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors):
+        warnings = check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors)
+        for warning in warnings + server_limits.check(conn, self.cfg, self.collectors):  # maxclients, proto-max-bulk-len
             print(f"warning: {warning}", file=sys.stderr)
         return url, env, extra, conn
 
@@ -466,10 +493,18 @@ class Launcher:
 
     def _print_closing_block(self) -> None:
         """Print the run's closing block (why it stopped, figures, final.pt, phases) from its
-        summary.json, as the coordinator printed it (coordinator/closing.py); nothing without one."""
+        summary.json, as the coordinator printed it (coordinator/closing.py). A coordinator that
+        ended before its summary (e.g. it could not claim the run): the last lines of its log."""
         try:
             summary = json.loads((self.run_dir / "summary.json").read_text())
         except (OSError, ValueError):
+            try:
+                tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
+            except OSError:
+                return
+            last = [scrub(ln, self.url) for ln in tail if ln.strip()][-_LAST_WORDS:]
+            print(f"the coordinator ended without a summary; the end of {self.log_dir / 'coordinator.log'}:\n"
+                  + "\n".join(f"  {ln}" for ln in last), file=sys.stderr)
             return
         print(closing.render(summary))
 
@@ -524,14 +559,16 @@ class Launcher:
                 coord.wait(timeout=coordinator_grace_s)
             except subprocess.TimeoutExpired:
                 print(f"the coordinator did not exit within {coordinator_grace_s:g} s of its summary", flush=True)
-        # Workers end their tasks at the stop flag; set it in case the coordinator could not (only
-        # when a process was started: a launch refused before that leaves no key behind).
+        # Workers end their tasks at the stop flag; set it in case the coordinator could not, for
+        # runs a coordinator claimed (a run id other than one an earlier run left): a launch
+        # refused before that leaves no key behind.
         url = getattr(self, "url", None)
         if url is not None and self.children:
             try:
                 c = connect(url, socket_timeout=2)
                 for ns in self._namespaces():
-                    c.set(keys.stop(ns), "rqrl is exiting", nx=True)
+                    if c.get(keys.run(ns)) not in (None, self._stale_run_id):
+                        c.set(keys.stop(ns), "rqrl is exiting", nx=True)
             except (redis.RedisError, ValueError):
                 pass
         for proc in self.children.values():

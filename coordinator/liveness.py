@@ -12,31 +12,25 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from typing import Any, Callable
 
 import redis
-from rq import Queue, worker_registration
+from rq import Queue
 from rq.job import Job, JobStatus
 
-from common import keys
-
-# A pass later than this after the previous one (seconds) means the pass itself stalled.
-_STALL_S = 3.0
+from common import keys, worker_presence
+from coordinator.stall import StallGuard
 
 
 def live_workers(conn: redis.Redis, queue: Queue) -> int:
-    """The ``rq worker`` processes listening on ``queue`` that are alive, per RQ's worker registry.
-
-    A worker joins the registry's set (``rq:workers:{queue}``) at its start and leaves it on a
-    warm or cold shutdown; one killed outright stays in the set until RQ's own key for it
-    expires (at most ``job_monitoring_interval`` + 60 s after its last heartbeat while it runs a
-    job, ``worker_ttl`` + 60 s while idle: 90 s and 480 s with RQ's defaults), so only members
-    whose key still exists count. Two round trips, whatever the number of workers (RQ's
-    ``Worker.all`` reads each worker's hash).
+    """The ``rq worker`` processes listening on ``queue`` that are alive
+    (:func:`common.worker_presence.count_live`): rqrl's workers by the alive key each refreshes
+    every 10 s (TTL 30 s), so a Redis that lost RQ's registry still sees them and a worker that
+    died stops counting within 30 s; stock ``rq worker`` processes by RQ's registry (a member
+    counts while its RQ key exists: up to 90 s after a kill while it runs a job, 480 s idle).
+    At most three round trips, whatever the number of workers.
     """
-    members = worker_registration.get_keys(queue=queue)
-    return int(conn.exists(*members)) if members else 0
+    return worker_presence.count_live(conn, queue.name)
 
 
 class Liveness:
@@ -53,8 +47,7 @@ class Liveness:
     def __init__(self, conn: redis.Redis, exp: str, heartbeat_timeout: float,
                  snapshot: Callable[[], list[tuple[str, dict[str, Any]]]], log: logging.Logger) -> None:
         self.conn, self.exp, self.heartbeat_timeout, self.snapshot, self.log = conn, exp, heartbeat_timeout, snapshot, log
-        self._last_pass = time.monotonic()
-        self._grace_until = 0.0
+        self.stall = StallGuard(float(heartbeat_timeout))  # a Redis stall is no worker death
         # The liveness pass runs on a thread; the tasks it finds dead wait here for the loop.
         self.dead: queue.SimpleQueue[list[tuple[str, str]]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -68,8 +61,8 @@ class Liveness:
         self._thread.join(timeout=10)
 
     def grace(self) -> None:
-        """Give every task one heartbeat period to beat again (heartbeats were refused: a failover, a stall)."""
-        self._grace_until = time.monotonic() + float(self.heartbeat_timeout)
+        """Give every task one heartbeat period to beat again (heartbeats were refused: a failover)."""
+        self.stall.grace()
 
     def _run(self) -> None:
         """Run :meth:`find_dead` every second, off the event loop."""
@@ -84,22 +77,22 @@ class Liveness:
         """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
 
         Two round trips whatever the number of tasks: one MGET of the heartbeat keys, one
-        pipeline reading the status of the queued tasks' RQ jobs. After a stall of this pass (a
-        Redis pause, a dropped connection), workers get one heartbeat period to refresh before
-        missing heartbeats count as deaths.
+        pipeline reading the status of the queued tasks' RQ jobs. A heartbeat read that spanned
+        a stall (a Redis pause longer than the heartbeat TTL expires every heartbeat while no
+        worker can write) is not trusted, and workers get one heartbeat period after it to
+        refresh before missing heartbeats count as deaths (:class:`coordinator.stall.StallGuard`).
         """
-        now = time.monotonic()
-        if now - self._last_pass > _STALL_S:
-            self._grace_until = now + float(self.heartbeat_timeout)
-            self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
-                             now - self._last_pass, self.heartbeat_timeout)
-        self._last_pass = now
         snapshot = self.snapshot()
         started = [t for t, e in snapshot if e["started"]]
         waiting = [t for t, e in snapshot if not e["started"]]
         dead = []
-        if started and now >= self._grace_until:
-            beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started])
+        beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started]) if started else []
+        # The clock is read after the reply: the reply that spanned a stall is the one to distrust.
+        trusted = self.stall.read_done()
+        if self.stall.stall_s:
+            self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
+                             self.stall.stall_s, self.heartbeat_timeout)
+        if trusted:
             dead += [(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
                          f"{self.heartbeat_timeout} s): the worker process died")
                      for t, beat in zip(started, beats) if beat is None]

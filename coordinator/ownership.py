@@ -18,7 +18,7 @@ from redis.exceptions import LockError
 from redis.lock import Lock
 
 from common import keys
-from coordinator.errors import CoordinatorError
+from coordinator.errors import CoordinatorError, RunLost
 from coordinator.runs import new_run_name, run_unfinished
 
 ALIVE_TTL_S = 6.0  # seconds the ownership key outlives a coordinator that stopped extending it
@@ -92,11 +92,11 @@ class Ownership:
         """Extend the ownership key's TTL (every second).
 
         Raises:
-            CoordinatorError: Redis lost the run (its run id key is gone), or another coordinator took it.
+            RunLost: Redis lost the run (its run id key is gone), or another coordinator took it.
         """
         if not self.conn.exists(keys.run(self.exp)):
-            raise CoordinatorError(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
-                                   "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
+            raise RunLost(f"Redis lost the state of run {self.exp!r} (key {keys.run(self.exp)} is gone): "
+                          "was it restarted without persistence, or flushed? See docs/deploy.md on AOF.")
         try:
             # Re-set the full TTL; fails atomically when the key expired or another coordinator holds it.
             self.lock.reacquire()
@@ -104,7 +104,7 @@ class Ownership:
             # Expired during a stall (a Redis pause longer than the TTL) and nobody took it: take it back.
             if not self.lock.acquire(blocking=False, token=self.name):
                 owner = self.conn.get(self.key)
-                raise CoordinatorError(f"lost ownership of {self.exp!r} to {owner.decode() if owner else '?'}") from None
+                raise RunLost(f"lost ownership of {self.exp!r} to {owner.decode() if owner else '?'}") from None
             self.log.warning("ownership key %s had expired during a stall; re-acquired", self.key)
 
     def release(self) -> None:

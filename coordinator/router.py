@@ -8,9 +8,13 @@ and RQ's ``on_failure`` callback) is harmless.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
+import redis
+
+from common import keys, server_limits
 from coordinator.commander import BaseCommander
 from coordinator.eval_log import EvalLog
 from coordinator.offload import write_shipped_log, write_shipped_scalars
@@ -24,6 +28,7 @@ class EventRouter:
     """Routes the events of one run.
 
     Args:
+        conn: Redis client; exp: the run's namespace (a task's heartbeat, the server's limits).
         tasks: the running tasks.
         commander: digests finished tasks and learner reports.
         eval_log: records finished evals.
@@ -31,10 +36,13 @@ class EventRouter:
         tb: the run's TensorBoard writer (shipped scalars).
         out: the run folder (shipped log lines).
         clock: the run id and the run's wall seconds now.
+        log: the coordinator's logger.
     """
 
-    def __init__(self, tasks: TaskTable, commander: BaseCommander, eval_log: EvalLog, wrapup: WrapUp, tb: Any,
-                 out: Path, clock: Callable[[], tuple[str, float]]) -> None:
+    def __init__(self, conn: redis.Redis, exp: str, tasks: TaskTable, commander: BaseCommander, eval_log: EvalLog,
+                 wrapup: WrapUp, tb: Any, out: Path, clock: Callable[[], tuple[str, float]],
+                 log: logging.Logger) -> None:
+        self.conn, self.exp, self.log = conn, exp, log
         self.tasks, self.commander, self.eval_log, self.wrapup = tasks, commander, eval_log, wrapup
         self.tb, self.out, self.clock = tb, out, clock
         self.fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
@@ -68,6 +76,7 @@ class EventRouter:
         if kind == "collector":
             converged = self.commander.finish_collector_task(tid, ev)
             if ev.get("eval_flag") is True:
+                self.wrapup.bundles.add(tid)
                 run_id, wall_seconds = self.clock()
                 self.eval_log.add(ev, run_id, self.commander.total_envstep, wall_seconds)
             return converged
@@ -78,7 +87,16 @@ class EventRouter:
         return False
 
     def _on_failed(self, ev: dict[str, Any], _entry: dict[str, Any]) -> bool:
-        self.tasks.fail(ev["task_id"], ev.get("error", "unknown error"))
+        tid, kind = ev["task_id"], ev["task_type"]
+        if ev.get("source") == "rq_on_failure" and self.conn.exists(keys.heartbeat(self.exp, tid)):
+            # RQ's verdict (e.g. its abandoned-job cleanup on a worker whose clock runs ahead)
+            # never overrides a live task's fresh heartbeat; a real death stops the heartbeat.
+            self.log.warning("RQ reported task %s failed (%s), but its heartbeat is fresh: ignored", tid,
+                             ev.get("error", "?"))
+            return False
+        self.tasks.fail(tid, ev.get("error", "unknown error"))
         if ev.get("fatal") is True:  # a replacement would fail the same way (e.g. NaN weights)
-            self.fatal = f"{ev['task_type']} task {ev['task_id']} failed: {ev.get('error', 'unknown error')}"
+            self.fatal = f"{kind} task {tid} failed: {ev.get('error', 'unknown error')}"
+        elif limit := server_limits.explain(self.conn, str(ev.get("error", ""))):
+            self.fatal = f"{kind} task {tid} failed: {limit}"
         return False

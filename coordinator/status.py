@@ -146,6 +146,8 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"  policy lag (train iters) p50 {lf['policy_lag_p50']:g}  p95 {lf['policy_lag_p95']:g}  "
                          f"max {lf['policy_lag_max']:g}" + (f"  stale chunks dropped {lf['stale_chunks']}"
                                                             if "stale_chunks" in lf else ""))
+        if s.get("worker_clock_skew"):
+            lines.append(f"  clocks off Redis's: {s['worker_clock_skew']}")
         if info.get("phases"):
             lines.append(f"  phases {phases.render(info['phases'], width=80, indent='         ')}")
         for task in info["tasks_alive"]:

@@ -21,6 +21,7 @@ from rq import Queue
 from rq.job import Callback, Job, JobStatus
 
 from common import keys, lease
+from common.rq_json import TaskSerializer
 from coordinator.commander import BaseCommander
 
 _JOB_FUNC = {"collector": "workers.collector.run_collector_task", "learner": "workers.learner.run_learner_task"}
@@ -43,7 +44,8 @@ class TaskTable:
     def __init__(self, conn: redis.Redis, exp: str, cfg: EasyDict, commander: BaseCommander,
                  log: logging.Logger) -> None:
         self.conn, self.exp, self.cfg, self.commander, self.log = conn, exp, cfg, commander, log
-        self.queues = {kind: Queue(name, connection=conn) for kind, name in _QUEUE.items()}
+        # JSON payloads: no worker ever unpickles what it reads from Redis (common/rq_json.py).
+        self.queues = {kind: Queue(name, connection=conn, serializer=TaskSerializer) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
         self.dirty: set[str] = set()  # task ids whose record changed since the last persist
         self.drop_leases: list[str] = []  # task ids whose leases the next persist revokes
@@ -130,7 +132,7 @@ class TaskTable:
         """Cancel the RQ jobs of tasks that have not started and drop them from the table (the
         caller persists)."""
         waiting = [t for t, e in self.running.items() if not e["started"]]
-        for job in Job.fetch_many(waiting, connection=self.conn) if waiting else []:
+        for job in Job.fetch_many(waiting, connection=self.conn, serializer=TaskSerializer) if waiting else []:
             if job is not None and job.get_status(refresh=False) == JobStatus.QUEUED:
                 job.cancel()
         for t in waiting:

@@ -23,6 +23,7 @@ from common import blobstore, keys, lease, phases, serialization, streams
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from coordinator import closing
+from coordinator.bundles import EvalBundles
 from coordinator.commander import BaseCommander
 from coordinator.resume import write_atomic
 from coordinator.task_table import TaskTable
@@ -81,8 +82,11 @@ class WrapUp:
         self.tasks, self.fields, self.log, self._done_fd = tasks, fields, log, done_fd
         self.learner_final: dict[str, Any] = {}  # the learner's closing figures, for summary.json
         self.learner_last = {"train_iter": 0, "envstep": 0}  # its train_iter and env steps when it finished
-        self._best_written: Optional[str] = None
+        self.best_written: Optional[str] = None  # the eval whose weights best.pt holds
+        self.bundles = EvalBundles()  # eval bundles in Redis: pruned to what can still be exported
         self._oom = False  # Redis answered OOM: the wrap-up is best effort
+        # Redis lost the run, or cannot be reached: the wrap-up writes the run folder from memory only.
+        self.hands_off = False
         self._at_stop: dict[str, Any] = {}
 
     def note_learner_finished(self, ev: dict[str, Any]) -> None:
@@ -93,15 +97,19 @@ class WrapUp:
     def export_best(self) -> None:
         """Keep ``best.pt`` = the best-evaluated weights so far (copied from what that eval played)."""
         best = self.commander.best_eval
-        if not best or best.get("task_id") == self._best_written:
+        if not best or best.get("task_id") == self.best_written:
             return
         got = blobstore.get_versioned(self.conn, keys.evaluated_policy(self.exp, best["task_id"]))
         if got is None:
             return  # the eval task's blob is not there (an older worker version): nothing to copy
         self.out.mkdir(parents=True, exist_ok=True)
         write_atomic(self.out / "best.pt", got[1])
-        self._best_written = best["task_id"]
+        self.best_written = best["task_id"]
         self.log.info("best.pt: policy version %s, eval reward_mean %.2f", best["policy_version"], best["reward_mean"])
+
+    def prune_bundles(self) -> None:
+        """Delete the eval bundles in Redis that nothing can export or replay any more."""
+        self.bundles.prune(self.conn, self.exp, self.commander.eval_bundles_in_use)
 
     def out_of_memory(self) -> str:
         """Redis refused a write (OOM, noeviction): the run stops. Step data is dropped first (the
@@ -124,7 +132,10 @@ class WrapUp:
         return reason
 
     def _best_effort(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> bool:
-        """Run a Redis write of the wrap-up; an OOM reply is logged, not raised (the run is ending)."""
+        """Run a Redis write of the wrap-up; an OOM reply is logged, not raised (the run is ending).
+        Skipped (False) once Redis lost the run or cannot be reached."""
+        if self.hands_off:
+            return False
         try:
             fn(*args, **kwargs)
             return True
@@ -171,7 +182,8 @@ class WrapUp:
                          "last_eval_policy_envstep": last.get("policy_envstep"),
                          "policy_id": cm.summary()["policy_id"], "buffer_id": cm.summary()["buffer_id"]}
         running = self.tasks.running
-        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and running:
+        if not self._best_effort("set the stop flag", self.conn.set, keys.stop(self.exp), reason) and running \
+                and not self.hands_off:
             # DEL needs no memory: without their leases the tasks stop at their next write.
             lease.revoke(self.conn, self.exp, *running)
 
@@ -183,6 +195,8 @@ class WrapUp:
         timeout = float(self.cfg.commander.finish_timeout)
         if code == EXIT_INTERRUPTED or self._oom:
             timeout = min(timeout, 10.0)
+        if self.hands_off:
+            timeout = 0.0  # no learner can report through a Redis that lost the run
         deadline = time.time() + timeout
         liveness = Timers(clock=time.time)
         # A full Redis refuses heartbeats too: missing ones then say nothing about the workers.
@@ -215,6 +229,8 @@ class WrapUp:
     def _phases_at_end(self) -> dict[str, float]:
         """Record phase ``final_pt`` (final.pt is written, summary.json is next) and return the
         run's phases for summary.json (common/phases.py); what Redis cannot give is left out."""
+        if self.hands_off:
+            return {}
         self._best_effort("record phase final_pt", phases.record, self.conn, self.exp, "final_pt")
         try:
             return phases.read(self.conn, self.exp)
@@ -264,6 +280,23 @@ class WrapUp:
             self.log.warning("could not draw curve.png: %s", e)
             return None
 
+    def _final_from_best(self, path: Path) -> Optional[Path]:
+        """``final.pt`` without Redis: a copy of ``best.pt`` when the best eval reached stop_value
+        (best.pt holds exactly the weights that eval played), else none."""
+        best = self.commander.best_eval
+        stop_value, reward = self.cfg.env.stop_value, best.get("reward_mean")
+        best_pt = self.out / "best.pt"
+        if (stop_value is None or reward is None or reward < float(stop_value) or not best_pt.is_file()
+                or best.get("task_id") != self.best_written):
+            self.log.warning("no final.pt: Redis no longer holds the run's weights and no eval reached stop_value "
+                             "(ckpt/latest.pth and resume.json remain for --resume)")
+            return None
+        write_atomic(path, best_pt.read_bytes())
+        self._at_stop["final_policy_version"] = best.get("policy_version")
+        self.log.warning("final.pt is best.pt (eval reward_mean %.2f >= stop_value %s, not confirmed): Redis no "
+                         "longer holds the run", reward, stop_value)
+        return path
+
     def _export_final(self) -> Optional[Path]:
         """Write ``final.pt`` (common/policy/export.py: the acting weights, algorithm, config and spaces).
 
@@ -275,6 +308,8 @@ class WrapUp:
         """
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "final.pt"
+        if self.hands_off:
+            return self._final_from_best(path)
         final_task = self._at_stop.get("final_eval_task")
         got = blobstore.get_versioned(self.conn, keys.evaluated_policy(self.exp, final_task)) if final_task else None
         if got is not None:

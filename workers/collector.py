@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from common import chunk_codec, frames, keys, spaces
+from common import chunk_codec, events, frames, keys, spaces
 from common.policy import algorithm_of, create_policy, export
 from common.seeding import env_seeds
 from common.sources import get_source
@@ -39,6 +39,7 @@ from workers import live_envs
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
 from workers.live_envs import EpisodeStats, LiveEnvs
+from workers.step_watch import StepWatch
 from workers.task import check_current, task_connection, task_namespace, task_scope, validate_task
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,10 @@ class Collector:
     what every flush reads back (the coordinator's ``rqrl:{exp}:collect_setting``).
     """
 
-    def __init__(self, cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs | None = None) -> None:
+    def __init__(self, cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs | None = None,
+                 watch: StepWatch | None = None) -> None:
         self._cfg = cfg
+        self._watch = watch if watch is not None else StepWatch(0, cfg.env.env_id, lambda _: None)
         self._task = task
         self._comm = comm
         self._owns_envs = live is None
@@ -280,7 +283,9 @@ class Collector:
 
         while steps < budget and not self._comm.stop_flag and time.monotonic() < deadline:
             env_action, record = self._policy.act(obs, setting, self._rng)
+            self._watch.stepping()
             next_obs, reward, terminated, truncated, info = step(self._env, env_id, env_action)
+            self._watch.stepped()
             next_obs = self._spec.obs_batch(next_obs)
             done = terminated | truncated
             real_next = true_next_obs(next_obs, done, info, self._spec)
@@ -322,7 +327,9 @@ class Collector:
                 self.capped = True
                 break
             env_action = self._policy.act_eval(self._spec.obs_batch(obs), self._rng)
+            self._watch.stepping()
             obs, reward, terminated, truncated, _ = step(self._env, cfg.env.env_id, env_action)
+            self._watch.stepped()
             check_finite(cfg.env.env_id, reward, *([obs] if self._spec.obs_kind == "box" else []))
             done = terminated | truncated
             stats.step(reward, done, counting)
@@ -380,7 +387,13 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     comm = RedisCommCollector(conn, task, cfg.policy.collect.collector.data_ttl)
     cache = live_envs.CACHE
     key = (exp, task["run_id"], "eval" if task["eval_flag"] else "train")
-    with task_scope(conn, task, "collector", cfg, lambda _e: {"eval_flag": bool(task.get("eval_flag"))}):
+
+    def report_stall(reason: str) -> None:  # from the watch's thread: the main one is stuck in env.step
+        events.emit(conn, exp, "failed", task["task_id"], "collector", error=f"EnvStalled: {reason}",
+                    eval_flag=bool(task.get("eval_flag")))
+
+    watch = StepWatch(float(cfg.policy.collect.collector.step_timeout_s), cfg.env.env_id, report_stall)
+    with task_scope(conn, task, "collector", cfg, lambda _e: {"eval_flag": bool(task.get("eval_flag"))}), watch:
         comm.deal_with_collector_start()
         try:
             if cache is None:
@@ -388,13 +401,13 @@ def run_collector_task(task: dict) -> dict[str, Any]:
                     _notice_no_env_cache(conn)
                 live = build_live_envs(cfg, task)
                 try:
-                    info = _run(cfg, task, comm, live, t_entry)
+                    info = _run(cfg, task, comm, live, t_entry, watch)
                     info["episodes_cut"] = 0 if task["eval_flag"] or comm.stop_flag else live.episodes.running
                 finally:
                     live.close()
             else:
                 with cache.borrow(key, lambda: build_live_envs(cfg, task)) as live:
-                    info = _run(cfg, task, comm, live, t_entry)
+                    info = _run(cfg, task, comm, live, t_entry, watch)
                     info["episodes_cut"] = 0
                 if comm.stop_flag:  # the run is ending: its envs are not needed again
                     cache.close_run(exp, task["run_id"])
@@ -406,8 +419,9 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     return info
 
 
-def _run(cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs, t_entry: float) -> dict[str, Any]:
-    collector = Collector(cfg, task, comm, live)
+def _run(cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs, t_entry: float,
+         watch: StepWatch) -> dict[str, Any]:
+    collector = Collector(cfg, task, comm, live, watch)
     info = collector.run()
     info["env_built"] = live.built_by == task["task_id"]
     # Task start-up: config, env build (on a run's first task), policy wait and fetch (seconds).

@@ -10,6 +10,7 @@ from gymnasium.vector import AutoresetMode
 
 from common import envs
 from common.spaces import SpaceSpec
+from workers.step_watch import EnvStalled
 
 
 class EnvError(RuntimeError):
@@ -43,6 +44,8 @@ def step(env: gym.vector.VectorEnv, env_id: str, actions: np.ndarray) -> tuple:
     """``env.step(actions)``, with any exception re-raised as :class:`EnvError` naming ``env_id``."""
     try:
         return env.step(actions)
+    except EnvStalled:
+        raise  # names the env already
     except Exception as e:
         raise EnvError(f"env {env_id!r} raised during step: {type(e).__name__}: {e}") from e
 

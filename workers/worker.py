@@ -33,10 +33,13 @@ import tensorboard.compat.proto.event_pb2  # noqa: F401  (the learner's TensorBo
 import tensorboard.summary.writer.event_file_writer  # noqa: F401
 import redis
 import torch  # noqa: F401
+from rq import Queue
 from rq.worker import SimpleWorker, Worker
 
 import workers.collector  # noqa: F401
+from common import keys, worker_presence
 from common.connection import with_retries
+from common.rq_json import TaskSerializer
 import workers.learner  # noqa: F401
 from workers import live_envs
 
@@ -46,6 +49,8 @@ from workers import live_envs
 # collector task space from the live workers).
 _KEY_TTL_S = 60
 _SWEEP_EVERY_S = 10.0
+# How often a worker tries RQ's bookkeeping again while Redis answers OOM (seconds).
+_FULL_REDIS_RETRY_S = 5.0
 
 
 class _RqrlWorker:
@@ -55,10 +60,77 @@ class _RqrlWorker:
     and free memory would kill it), and the worker's address read as the least-privilege ACL
     user may (deploy/redis/users.acl.example)."""
 
-    def __init__(self, *args: Any, connection: Any = None, **kwargs: Any) -> None:
+    def __init__(self, queues: Any, *args: Any, connection: Any = None, serializer: Any = None,
+                 **kwargs: Any) -> None:
         if connection is not None:
             connection = with_retries(connection)
-        super().__init__(*args, connection=connection, **kwargs)
+        # JSON whatever -S says (common/rq_json.py): a worker that unpickles job payloads runs the
+        # code of whoever can write to the Redis. The queues are rebuilt by name so that they
+        # fetch jobs with it too (`rq worker` hands over queues made with its own -S).
+        names = [getattr(q, "name", q) for q in ([queues] if isinstance(queues, (str, Queue)) else queues)]
+        super().__init__(names, *args, connection=connection, serializer=TaskSerializer, **kwargs)
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        """RQ's work loop, with this worker's alive key refreshed beside it (common/worker_presence.py:
+        the coordinator counts live collector workers from it, also after a Redis lost RQ's registry)."""
+        stop = threading.Event()
+        queues = [q.name for q in self.queues]
+        try:
+            keys.worker_alive(self.name)
+        except ValueError:  # a name that cannot be a key component: counted from RQ's registry only
+            return super().work(*args, **kwargs)
+        beat = threading.Thread(target=self._keep_alive, args=(stop, queues), name="presence", daemon=True)
+        beat.start()
+        try:
+            return super().work(*args, **kwargs)
+        finally:
+            stop.set()
+            beat.join(timeout=5)
+            try:
+                worker_presence.leave(self.connection, self.name, queues)
+            except redis.RedisError:
+                pass  # its key expires within worker_presence.TTL_S
+
+    # RQ's own writes of its idle loop: a full Redis refuses them, and RQ quits on the first
+    # error its loop sees. Waited out here instead, so the worker serves again once Redis has room.
+    def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        return self._through_full_redis(super().dequeue_job_and_maintain_ttl, *args, **kwargs)
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+        return self._through_full_redis(super().heartbeat, *args, **kwargs)
+
+    def run_maintenance_tasks(self, *args: Any, **kwargs: Any) -> Any:
+        return self._through_full_redis(super().run_maintenance_tasks, *args, **kwargs)
+
+    def _through_full_redis(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(...)``, tried again every :data:`_FULL_REDIS_RETRY_S` seconds while Redis answers
+        ``OOM`` (after the client's own ~15 s of retries); a stop request (SIGTERM while idle)
+        ends the wait."""
+        waited = False
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except redis.OutOfMemoryError as e:
+                if not waited:
+                    self.log.warning("Worker %s: Redis is full (%s); waiting for room, retrying every %.0f s",
+                                     self.name, e, _FULL_REDIS_RETRY_S)
+                    waited = True
+                if self._stop_requested:
+                    raise
+                threading.Event().wait(_FULL_REDIS_RETRY_S)  # a signal (StopRequested) interrupts it
+                continue
+            if waited:
+                self.log.info("Worker %s: Redis has room again; serving", self.name)
+            return result
+
+    def _keep_alive(self, stop: threading.Event, queues: list[str]) -> None:
+        while True:
+            try:
+                worker_presence.refresh(self.connection, self.name, queues)
+            except redis.RedisError:
+                pass  # a blip, a full Redis: the next refresh tries again; the TTL covers two misses
+            if stop.wait(worker_presence.REFRESH_S):
+                return
 
     def _set_ip_address(self, connection: Any) -> None:
         """The worker's address from ``CLIENT INFO``, as rq 3 reads it: rq 2.12 reads ``CLIENT

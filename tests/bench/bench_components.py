@@ -287,13 +287,17 @@ class Bench:
         from rq import Queue
         from rq.job import Job
 
+        from common.rq_json import TaskSerializer
+
+        # rqrl's queues carry JSON (common/rq_json.py): the stock worker is told so with -S.
         for label, extra in (("collector_worker", ["-w", "workers.worker.CollectorWorker"]),
-                             ("preload_worker", ["-w", "workers.worker.PreloadWorker"]), ("stock_worker", [])):
+                             ("preload_worker", ["-w", "workers.worker.PreloadWorker"]),
+                             ("stock_worker", ["-S", "rq.serializers.JSONSerializer"])):
             self.conn.flushall()
             commander = SoloCommander(cfg, run_id="bench")
             self.conn.set(keys.run("bench"), "bench")
             commander.get_learner_task()
-            q = Queue(keys.COLLECTOR_QUEUE, connection=self.conn)
+            q = Queue(keys.COLLECTOR_QUEUE, connection=self.conn, serializer=TaskSerializer)
             ids = []
             for _ in range(n):
                 task = commander.get_collector_task()
@@ -307,7 +311,7 @@ class Bench:
             subprocess.run([rq, "worker", keys.COLLECTOR_QUEUE, "--url", self.url, "--burst", "-q", *extra],
                            cwd=REPO, check=True, capture_output=True)
             wall = time.perf_counter() - t0
-            jobs = Job.fetch_many(ids, connection=self.conn)
+            jobs = Job.fetch_many(ids, connection=self.conn, serializer=TaskSerializer)
             durations = [(j.ended_at - j.started_at).total_seconds() for j in jobs if j.ended_at]
             setups = [j.return_value()["setup_s"] for j in jobs if j.return_value()]
             if len(durations) != n or len(setups) != n:

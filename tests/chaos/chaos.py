@@ -1,7 +1,7 @@
 """Chaos run: train CartPole while killing collectors, the learner, the coordinator and Redis.
 
     python -m tests.chaos.chaos --seed 0 --collector-kills 3 [--duration 240] [--stop-value 195]
-        [--redis-restart] [--oom]
+        [--redis-restart] [--oom [--oom-hold 60]] [--stall] [--wipe]
 
 Processes (all real): a private redis-server, ``python -m coordinator``, ``rq worker
 collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs: the
@@ -14,7 +14,13 @@ run (SIGTERM, then the same command on the same port and data dir); with ``--oom
 ``maxmemory`` is lowered to what it uses plus 256 KB early in the schedule, which must stop the
 run cleanly ("Redis out of memory", summary.json, rq workers alive, ``rqrl status`` answering);
 the harness raises the limit again and starts the coordinator anew, as an operator would, and
-that run must converge. At the end it prints one table: per kill, the seconds until the
+that run must converge; ``--oom-hold S`` keeps Redis full for S seconds after that stop, and the rq
+workers must still be alive at its end (stock RQ quit 31-42 s into a full Redis). ``--stall``
+pauses the whole Redis (``DEBUG SLEEP``) longer than the heartbeat timeout: no task may be
+declared dead, and training goes on. ``--wipe`` restarts Redis without persistence (an empty
+server on the same port): the coordinator must stop with the reason and write summary.json
+(evals.jsonl, ckpt/latest.pth and resume.json kept), and the run resumed from its folder
+(``--resume``) must go on from that checkpoint's train iteration. At the end it prints one table: per kill, the seconds until the
 coordinator declared the task dead (its record left ``rqrl:{exp}:tasks``), for the coordinator
 until the restarted one resumed, for Redis until training went on (or the run stopped); then
 the chunk accounting of each run's buffer (produced = consumed + expired + corrupt + malformed
@@ -37,7 +43,7 @@ from typing import Any
 
 from common import keys, streams
 from common.connection import connect
-from common.embedded_redis import EmbeddedRedis
+from common.embedded_redis import EmbeddedRedis, binary_version, find_redis_server
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
@@ -45,7 +51,8 @@ CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
 class Chaos:
     def __init__(self, seed: int, collectors: int, collector_kills: int, duration: float, stop_value: float,
-                 workdir: Path, redis_restart: bool = False, oom: bool = False) -> None:
+                 workdir: Path, redis_restart: bool = False, oom: bool = False, oom_hold: float = 0.0,
+                 stall: bool = False, wipe: bool = False, process_kills: bool = True) -> None:
         self.rng = random.Random(seed)
         self.seed = seed
         self.n_collectors = collectors
@@ -55,9 +62,14 @@ class Chaos:
         self.dir = workdir
         self.exp_name = f"chaos_s{seed}"
         self.exp = f"{self.exp_name}/chaos"  # the run's namespace (--run-name chaos): keys and folder
-        self.redis_restart, self.oom = redis_restart, oom
+        self.redis_restart, self.oom, self.oom_hold, self.stall, self.wipe = redis_restart, oom, oom_hold, stall, wipe
+        self.process_kills = process_kills
         aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if redis_restart else []
-        self.redis = EmbeddedRedis(aof).start()
+        exe = find_redis_server()
+        # DEBUG SLEEP (the stall) needs this switch on Redis 7; 6.2 has no such switch.
+        debug = ["--enable-debug-command", "local"] if stall and exe and int(
+            (binary_version(exe) or "0").split(".")[0]) >= 7 else []
+        self.redis = EmbeddedRedis(aof + debug, exe=exe).start()
         self.url = self.redis.url
         self.conn = connect(self.url)
         self.env = dict(os.environ, RQRL_REDIS_URL=self.url, RQ_REDIS_URL=self.url, PYTHONUNBUFFERED="1",
@@ -206,6 +218,50 @@ class Chaos:
         self.kills.append({"what": "redis-server restart (AOF)", "task_id": "-", "outcome": outcome,
                            "detect_s": None if went_on is None else round(time.monotonic() - t_kill, 2)})
 
+    def _coordinator_log(self) -> str:
+        path = self.dir / "log" / "coordinator.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _stall(self) -> None:
+        """The whole Redis sleeps 8 s (heartbeats live 6 s): no task may be declared dead."""
+        before_iter, before_log = self.train_iter(), self._coordinator_log().count("heartbeat lost")
+        t0 = time.monotonic()
+        connect(self.url, socket_timeout=60).execute_command("DEBUG", "SLEEP", 8)
+        went_on = self._wait(lambda: self._safe(lambda: self.train_iter() > before_iter + 20
+                                                or self.conn.exists(keys.stop(self.exp))), 90)
+        declared = self._coordinator_log().count("heartbeat lost") - before_log
+        self.kills.append({"what": "redis stall (DEBUG SLEEP 8 s > heartbeat 6 s)", "task_id": "-",
+                           "detect_s": None if went_on is None else round(time.monotonic() - t0, 2),
+                           "outcome": f"training {'went on' if went_on is not None else 'STUCK'}; "
+                                      f"{declared} tasks declared dead", "declared_dead": declared})
+
+    def _wipe(self) -> None:
+        """Redis restarted without persistence: an empty server on the same port. The run stops
+        naming the loss and keeps its folder; resumed from it, it trains on from its checkpoint."""
+        run_dir = self.dir / self.exp
+        evals_before = len((run_dir / "evals.jsonl").read_text().splitlines()) if (run_dir / "evals.jsonl").exists() else 0
+        port = self.redis.port
+        self.redis.stop()
+        t0 = time.monotonic()
+        self.redis = EmbeddedRedis(exe=self.redis.exe).start(port=port)
+        coord = self.procs["coordinator"]
+        stopped = self._wait(lambda: coord.poll() is not None, 60)
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        evals_after = len((run_dir / "evals.jsonl").read_text().splitlines()) if (run_dir / "evals.jsonl").exists() else 0
+        point = json.loads((run_dir / "resume.json").read_text()) if (run_dir / "resume.json").exists() else {}
+        row = {"what": "redis restart without persistence", "task_id": "-",
+               "detect_s": None if stopped is None else round(time.monotonic() - t0, 2),
+               "outcome": f"exit {coord.returncode}: {summary.get('status', 'no summary.json')}",
+               "state_lost_named": "Redis lost the state of run" in str(summary.get("status", "")),
+               "evals_kept": evals_after >= evals_before, "ckpt_iter": point.get("ckpt_train_iter"),
+               "summary_train_iter": summary.get("train_iter")}
+        # The operator resumes the run from its folder.
+        self._start("coordinator", self._coordinator_argv() + ["--resume"])
+        self.rerun_t0 = time.monotonic()
+        first = self._wait(lambda: self._safe(lambda: self.train_iter() > 0), 120)
+        row["resumed_at_iter"] = self._safe(self.train_iter) if first is not None else None
+        self.kills.append(row)
+
     def _safe(self, fn):
         try:
             return fn()
@@ -213,19 +269,24 @@ class Chaos:
             return None
 
     def _out_of_memory(self) -> None:
-        """Lower maxmemory until the run hits OOM; it must stop cleanly; then rerun with room."""
+        """Lower maxmemory until the run hits OOM; it must stop cleanly; then (after ``oom_hold``
+        seconds of a full Redis) rerun with room."""
         used = int(self.conn.info("memory")["used_memory"])
         t0 = time.monotonic()
         self.conn.config_set("maxmemory", used + 256 * 1024)
         coord = self.procs["coordinator"]
         stopped = self._wait(lambda: coord.poll() is not None, 120)
+        stop_s = None if stopped is None else round(time.monotonic() - t0, 2)
         summary_path = self.dir / self.exp / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        if self.oom_hold:  # a Redis that stays full: the workers must outlive it
+            time.sleep(max(0.0, self.oom_hold - (time.monotonic() - t0)))  # the fault's length, not a poll
         workers = {n: p.poll() is None for n, p in self.procs.items() if n != "coordinator"}
         status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status", "--exp", self.exp], env=self.env,
                                 capture_output=True, text=True, timeout=60)
-        self.kills.append({"what": "redis out of memory (max = used+256K)", "task_id": "-",
-                           "detect_s": None if stopped is None else round(time.monotonic() - t0, 2),
+        what = "redis out of memory (max = used+256K)" + (f", full {self.oom_hold:g} s" if self.oom_hold else "")
+        self.kills.append({"what": what, "task_id": "-",
+                           "detect_s": stop_s,
                            "outcome": f"exit {coord.returncode}: {summary.get('status', 'no summary.json')}",
                            "oom_stop": str(summary.get("status", "")).startswith("Redis out of memory"),
                            "workers_alive": all(workers.values()), "status_ok": status.returncode == 0})
@@ -267,7 +328,10 @@ class Chaos:
         # it stops that run and the rest of the schedule hits the operator's rerun.
         rest = ["collector"] * self.collector_kills + (["redis"] if self.redis_restart else [])
         self.rng.shuffle(rest)
-        plan = ["learner", "coordinator", *(["oom"] if self.oom else []), *rest]
+        # The stall first among the Redis faults; the wipe last (it ends the run, which resumes).
+        plan = [*(["learner", "coordinator"] if self.process_kills else []), *(["stall"] if self.stall else []),
+                *(["oom"] if self.oom else []),
+                *rest, *(["wipe"] if self.wipe else [])]
         try:
             self._wait(lambda: self.train_iter() >= 200, 120)  # a checkpoint exists before any kill
             for step in plan:
@@ -284,6 +348,10 @@ class Chaos:
                     self._restart_redis()
                 elif step == "oom":
                     self._out_of_memory()
+                elif step == "stall":
+                    self._stall()
+                elif step == "wipe":
+                    self._wipe()
                 else:
                     self._kill_coordinator()
             started = getattr(self, "rerun_t0", t0)
@@ -358,10 +426,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--redis-restart", action="store_true", help="restart Redis (AOF on) once mid-run")
     ap.add_argument("--oom", action="store_true", help="then make Redis run out of memory (ends that run; a rerun follows)")
+    ap.add_argument("--oom-hold", type=float, default=0.0, help="seconds Redis stays full before the rerun")
+    ap.add_argument("--stall", action="store_true", help="pause the whole Redis 8 s (DEBUG SLEEP) mid-run")
+    ap.add_argument("--wipe", action="store_true", help="restart Redis without persistence (the run resumes from its folder)")
+    ap.add_argument("--redis-only", action="store_true", help="no learner or coordinator kill: Redis faults only")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rqrl-chaos-"))
     return Chaos(args.seed, args.collectors, args.collector_kills, args.duration, args.stop_value, workdir,
-                 args.redis_restart, args.oom).run()
+                 args.redis_restart, args.oom, args.oom_hold, args.stall, args.wipe, not args.redis_only).run()
 
 
 if __name__ == "__main__":

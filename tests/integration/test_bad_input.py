@@ -14,6 +14,7 @@ from workers.collector import run_collector_task
 from workers.envs import EnvError
 from common import lease
 from tests.conftest import initial_weights
+from common.rq_json import TaskSerializer
 
 pytestmark = pytest.mark.redis_server
 
@@ -50,7 +51,7 @@ def test_misbehaving_env_fails_the_task_with_a_clear_event(real_redis, redis_ser
 
 def test_hand_enqueued_bad_tasks_fail_and_the_worker_keeps_serving(real_redis, redis_server, small_cfg, tmp_path):
     conn, url = real_redis, redis_server.url
-    q = Queue(keys.COLLECTOR_QUEUE, connection=conn)
+    q = Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer)
     q.enqueue_call("workers.collector.run_collector_task", args=({"task_id": "t_missing", "exp_name": "x"},),
                    job_id="t_missing", timeout=60)
     q.enqueue_call("workers.collector.run_collector_task",
@@ -67,3 +68,26 @@ def test_hand_enqueued_bad_tasks_fail_and_the_worker_keeps_serving(real_redis, r
     assert "collector task must be a dict" in errors["t_str"]
     # The valid task queued after them still ran to completion.
     assert Job.fetch(good["task_id"], connection=conn).get_status() == "finished"
+
+
+@pytest.mark.parametrize("eval_flag", [False, True])
+def test_a_hung_env_step_fails_the_task_naming_the_env(real_redis, redis_server, small_cfg, eval_flag):
+    """An env that hangs inside step: the task fails after policy.collect.collector.step_timeout_s
+    with a ``failed`` event naming the env (the coordinator frees the slot, an eval included),
+    and the worker's thread is freed rather than held until the job timeout."""
+    import time
+
+    from workers.step_watch import EnvStalled
+
+    env_id = "tests.fixtures.bad_envs:HangingCartPole-v0"
+    cfg = apply_overrides(small_cfg, [f"env.env_id={env_id}", "policy.collect.collector.step_timeout_s=1.0"])
+    task = dict(_collector_task(real_redis, cfg, redis_server.url), eval_flag=eval_flag)
+    t0 = time.monotonic()
+    with pytest.raises(EnvStalled) as err:
+        run_collector_task(task)
+    assert time.monotonic() - t0 < 30  # not the hour the env would sleep
+    assert env_id in str(err.value) and "step_timeout_s" in str(err.value)
+    failed = [streams.decode_fields(f) for _, f in real_redis.xrange(keys.events(cfg.exp_name))]
+    failed = [e for e in failed if e["type"] == "failed"]
+    assert failed and f"env {env_id!r} made no step for 1 s" in failed[0]["error"]
+    assert failed[0]["eval_flag"] is eval_flag

@@ -64,7 +64,8 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
 
 
 def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
-    """The multi-terminal recipe of the README with plain `rq worker` (no -w): the stock forking
+    """The multi-terminal recipe of the README with plain `rq worker` (no -w; -S for rqrl's JSON
+    job payloads, README "Security"): the stock forking
     worker rebuilds envs at every task, so 50-step tasks per env cut CartPole's episodes, and the
     run still converges; each collector worker's log says once that it cannot keep envs."""
     url = redis_server.url
@@ -73,7 +74,8 @@ def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
     exp = f"byhand_{os.getpid()}"
     env = worker_env(url)
     logs = [tmp_path / f"worker{i}.log" for i in range(3)]
-    workers = [subprocess.Popen([rq_bin(), "worker", q, "--url", url, "--name", f"{exp}-{q}-{i}"], env=env, cwd=tmp_path,
+    workers = [subprocess.Popen([rq_bin(), "worker", q, "--url", url, "--name", f"{exp}-{q}-{i}",
+                                 "-S", "rq.serializers.JSONSerializer"], env=env, cwd=tmp_path,
                                 stdout=open(logs[i], "wb"), stderr=subprocess.STDOUT)
                for i, q in enumerate(["learner", "collector", "collector"])]
     try:

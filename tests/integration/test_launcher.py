@@ -106,3 +106,79 @@ def test_rqrl_train_returns_before_its_teardown_and_leaves_nothing_behind(tmp_pa
     assert r["left"] == [], r["left"]
     assert (run / "curve.png").stat().st_size > 1000
     assert "the coordinator did not exit" not in (run / "log" / "teardown.log").read_text()
+
+
+def _start_under_subreaper(tmp_path, report, exp: str, *extra: str, **popen) -> tuple[subprocess.Popen, str]:
+    """``rqrl train`` (private Redis, run ``r``) under a subreaper; returns the subreaper and the
+    private Redis's URL once rqrl train printed it."""
+    reaper = subprocess.Popen(
+        [sys.executable, "-m", "tests.fixtures.subreaper", str(report), "60", "--",
+         sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--name", "r", "--set", f"exp_name={exp}",
+         "--set", "env.stop_value=100000", "--collectors", "1", *extra],
+        cwd=tmp_path, env=worker_env(""), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+    for line in reaper.stderr:
+        if "started a private redis-server at " in line:
+            return reaper, line.rsplit(" ", 1)[1].strip()
+    raise AssertionError(f"rqrl train started no private Redis (exit {reaper.wait()})")
+
+
+def test_kill_9_of_rqrl_train_takes_every_child_and_the_private_redis_along(tmp_path):
+    """Children run in sessions of their own, so nothing but the lifeline pipes ends them when
+    rqrl train is SIGKILLed: the coordinator stops the run (summary.json), the workers exit, and
+    the private Redis stops once none of them is left."""
+    exp = f"kill9_{os.getpid()}"
+    report = tmp_path / "report.json"
+    reaper, url = _start_under_subreaper(tmp_path, report, exp)
+    try:
+        wait_event(connect(url), keys.namespace(exp, "r"),
+                   lambda ev: ev.get("type") == "started" and ev.get("task_type") == "learner", timeout=120)
+        train = [p for p in psutil.Process(reaper.pid).children() if "coordinator.cli" in " ".join(p.cmdline())]
+        assert len(train) == 1
+        train[0].send_signal(signal.SIGKILL)
+        reaper.communicate(timeout=120)
+        assert reaper.returncode == 0
+    finally:
+        if reaper.poll() is None:
+            reaper.kill()
+    r = json.loads(report.read_text())
+    assert r["exit_code"] == -signal.SIGKILL
+    assert any(p["name"].startswith("redis-server") for p in r["alive_at_exit"]), r["alive_at_exit"]
+    assert r["left"] == [], r["left"]
+    assert r["gone_after_s"] < 30, r
+    summary = json.loads((tmp_path / exp / "r" / "summary.json").read_text())
+    assert summary["exit_code"] == 130 and "SIGTERM" in summary["status"]
+
+
+def test_rqrl_train_started_with_sigint_ignored_still_stops_on_kill_int(tmp_path):
+    """A script's `rqrl train ... &` inherits SIGINT ignored; `kill -INT` must still stop the run."""
+    exp = f"bgint_{os.getpid()}"
+    report = tmp_path / "report.json"
+    ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731 - what a shell does for `&`
+    reaper, url = _start_under_subreaper(tmp_path, report, exp, preexec_fn=ignore_sigint)
+    try:
+        wait_event(connect(url), keys.namespace(exp, "r"), lambda ev: ev.get("type") == "started", timeout=120)
+        train = [p for p in psutil.Process(reaper.pid).children() if "coordinator.cli" in " ".join(p.cmdline())]
+        train[0].send_signal(signal.SIGINT)
+        reaper.communicate(timeout=120)
+        assert reaper.returncode == 0
+    finally:
+        if reaper.poll() is None:
+            reaper.kill()
+    r = json.loads(report.read_text())
+    assert r["exit_code"] == 128 + signal.SIGINT and r["left"] == [], r
+
+
+def test_a_launch_the_coordinator_refuses_says_why_and_leaves_no_stop_key(tmp_path, real_redis, redis_server):
+    """The coordinator refuses the run (another coordinator owns its name): rqrl train shows the
+    reason from the coordinator's log, and sets no stop flag on a run that never started."""
+    exp = f"refused_{os.getpid()}"
+    ns = keys.namespace(exp, "r")
+    real_redis.set(keys.coordinator_alive(ns), "coordinator-elsewhere-1", ex=120)
+    res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
+                          "--name", "r", "--set", f"exp_name={exp}", "--collectors", "1"],
+                         cwd=tmp_path, env=worker_env(""), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "ended without a summary" in res.stderr and "is owned by coordinator-elsewhere-1" in res.stderr, \
+        res.stderr[-3000:]
+    assert not real_redis.exists(keys.stop(ns)), "a refused launch left the run's stop key behind"
+    assert wait_gone(exp) == []

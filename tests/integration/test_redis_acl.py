@@ -29,6 +29,7 @@ import redis
 
 from common.embedded_redis import EmbeddedRedis, binary_version, free_port
 from tests.conftest import REDIS_SERVERS, REPO, WORKER_CLASS, rq_bin, worker_env
+from common.rq_json import TaskSerializer
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
 pytestmark = [pytest.mark.redis_server, pytest.mark.timeout(900)]
@@ -154,7 +155,7 @@ def test_rq_enqueue_and_burst_worker_as_rqrl_user(acl_server, tmp_path):
 
     s = acl_server
     conn = s.rqrl()
-    q = Queue("collector", connection=conn)
+    q = Queue("collector", connection=conn, serializer=TaskSerializer)
     ok = q.enqueue("builtins.len", [1, 2, 3], job_timeout=60)
     bad = q.enqueue("builtins.int", "not a number", job_timeout=60)  # raises ValueError in the worker
     assert q.count == 2

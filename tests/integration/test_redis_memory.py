@@ -51,10 +51,13 @@ def test_an_evicting_redis_is_refused_unless_allowed(tmp_path, server):
 
 
 @pytest.mark.parametrize("server", [["--maxmemory", "1300kb"]], indirect=True)
-def test_a_small_maxmemory_is_warned_about(tmp_path, server):
-    res = _cli("coordinator", CONFIG, "--redis-url", server.url, "--set", "commander.max_wall_seconds=1",
-               cwd=tmp_path, url=server.url)
-    assert "warning: Redis maxmemory 1.3 MB leaves" in res.stderr and "may need ~" in res.stderr, res.stderr
+def test_a_maxmemory_below_the_estimate_is_refused_naming_both_figures(tmp_path, server):
+    for argv in (["coordinator", CONFIG, "--redis-url", server.url],
+                 ["coordinator.cli", "train", CONFIG, "--redis-url", server.url, "--set", "exp_name=small_t"]):
+        res = _cli(*argv, cwd=tmp_path, url=server.url)
+        assert res.returncode == 1, res.stderr[-2000:]
+        assert "Redis maxmemory 1.3 MB leaves" in res.stderr and "this run needs ~" in res.stderr, res.stderr
+    assert not (tmp_path / "small_t").exists()  # refused before any folder is made
 
 
 def test_out_of_memory_mid_run_stops_cleanly(tmp_path, server):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,7 +62,12 @@ def test_redis_restarted_empty_is_reported_clearly(tmp_path):
         out, err = p.communicate(timeout=120)
         assert p.returncode == 1, out + err[-3000:]
         log = (tmp_path / exp / "latest" / "log" / "coordinator.log").read_text()
-        assert "Redis lost the state of run" in log or "lost its consumer group" in log, log[-2000:]
+        assert "Redis lost the state of run" in log, log[-2000:]
+        # The terminal says why, and the run folder has its summary (issue 19, item 5).
+        assert f"rqrl {exp}/r1: Redis lost the state of run" in out, out[-2000:] + err[-2000:]
+        summary = json.loads((tmp_path / exp / "r1" / "summary.json").read_text())
+        assert summary["exit_code"] == 1 and "Redis lost the state of run" in summary["status"]
+        assert summary["train_iter"] > 0
     finally:
         server.stop()
 

@@ -22,6 +22,7 @@ from common.connection import connect, connect_checked, primary_changes, write_r
 from common.embedded_redis import binary_version
 from tests.conftest import REPO, rq_bin, wait_event, worker_env
 from tests.fixtures.sentinel import SentinelSet, wait_for
+from common.rq_json import TaskSerializer
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
 pytestmark = [pytest.mark.redis_server, pytest.mark.timeout(900)]
@@ -38,7 +39,7 @@ def test_a_sentinel_address_reaches_the_primary_and_follows_a_failover(redis_exe
         conn = connect_checked(url)  # PING and the version check, through the sentinels
         first = s.primary_port()
         # The stock `rq worker` command line, as docs/deploy.md gives it.
-        job = Queue(keys.COLLECTOR_QUEUE, connection=conn).enqueue_call("builtins.len", args=([1, 2, 3],))
+        job = Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer).enqueue_call("builtins.len", args=([1, 2, 3],))
         res = subprocess.run([rq_bin(), "worker", keys.COLLECTOR_QUEUE, "--burst", "--url", url, "--connection-class",
                               "common.connection.RQConnection", "-w", "workers.worker.PreloadWorker"],
                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)

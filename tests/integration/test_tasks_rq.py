@@ -15,6 +15,7 @@ from coordinator.commander import SoloCommander
 from tests.conftest import WORKER_CLASS, rq_bin, wait_event, worker_env
 from common import lease
 from tests.conftest import initial_weights
+from common.rq_json import TaskSerializer
 
 pytestmark = pytest.mark.redis_server
 
@@ -44,9 +45,9 @@ def test_collector_and_learner_through_rq_workers(setup):
     for t in (learner_task, collector_task):
         lease.grant(conn, exp, t["task_id"], 600)
     assert not collector_task["eval_flag"]
-    Queue(keys.LEARNER_QUEUE, connection=conn).enqueue_call(
+    Queue(keys.LEARNER_QUEUE, connection=conn, serializer=TaskSerializer).enqueue_call(
         "workers.learner.run_learner_task", args=(learner_task,), job_id=learner_task["task_id"], timeout=300)
-    Queue(keys.COLLECTOR_QUEUE, connection=conn).enqueue_call(
+    Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer).enqueue_call(
         "workers.collector.run_collector_task", args=(collector_task,), job_id=collector_task["task_id"], timeout=300)
     learner = _worker(url, keys.LEARNER_QUEUE, cwd)
     collector = _worker(url, keys.COLLECTOR_QUEUE, cwd)
@@ -99,7 +100,7 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
     from workers.comm_learner import publish_policy
 
     publish_policy(conn, exp, task["policy_id"], initial_weights(cfg), 500, 10**9)
-    Queue(keys.COLLECTOR_QUEUE, connection=conn).enqueue_call(
+    Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer).enqueue_call(
         "workers.collector.run_collector_task", args=(task,), job_id=task["task_id"], timeout=120)
     w = _worker(url, keys.COLLECTOR_QUEUE, cwd)
     out, _ = w.communicate(timeout=120)
@@ -114,7 +115,7 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
 def test_malformed_task_fails_with_clear_error(setup):
     conn, url, cfg, _, cwd = setup
     bad = {"task_id": "collector_task_bad", "exp_name": cfg.exp_name}
-    q = Queue(keys.COLLECTOR_QUEUE, connection=conn)
+    q = Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer)
     q.enqueue_call("workers.collector.run_collector_task", args=(bad,), job_id="collector_task_bad", timeout=60)
     w = _worker(url, keys.COLLECTOR_QUEUE, cwd)
     w.communicate(timeout=120)

@@ -66,3 +66,16 @@ def test_launch_to_exit_ratios_pair_seeds_that_both_sides_finished(tmp_path):
     (tmp_path / "log").mkdir()
     (tmp_path / "log" / "teardown.log").write_text("teardown finished in 0.84 s (at 1796129596.235)\n")
     assert wait_teardown(tmp_path, timeout=1) == 1796129596.235
+
+
+def test_soak_key_kinds_and_the_projection_per_day():
+    from tests.bench.bench_soak import key_kind, report
+
+    ns = "soak/r1"
+    assert key_kind("rqrl:soak/r1:task:collector_task_4f9a0c1d2e3b4a5c:heartbeat", ns) == "rqrl:{exp}:task:collector_task_*:heartbeat"
+    assert key_kind("rqrl:soak/r1:data:collector_task_4f9a0c1d2e3b4a5c_0a1b2c3d", ns) == "rqrl:{exp}:data:collector_task_*_*"
+    assert key_kind("rq:worker:soak-collector0-12345", ns) == "rq:worker:soak-collector0-*"
+    start = {"t": 0.0, "used_memory": 2**20, "keys": {"a": 10}, "rss": {"1 rqrl": 100 * 2**20}}
+    end = {"t": 864.0, "used_memory": 2 * 2**20, "keys": {"a": 11, "b": 1}, "rss": {"1 rqrl": 101 * 2**20}}
+    text = report(start, end)  # 864 s is a hundredth of a day
+    assert "+100.0 MB/day" in text and "+100" in text.splitlines()[4]

@@ -10,6 +10,7 @@ from rq.job import Job, JobStatus
 from common import keys
 from coordinator import clean
 from coordinator.cli import main as rqrl_main
+from common.rq_json import TaskSerializer
 
 FUNC = {"collector": "workers.collector.run_collector_task", "learner": "workers.learner.run_learner_task"}
 
@@ -18,7 +19,7 @@ def enqueue(conn, kind, exp, task_id):
     """A job whose task belongs to namespace ``exp`` (``EXP`` or a run's ``EXP/RUN``)."""
     exp_name, run_name = keys.split_namespace(exp)
     task = {"exp_name": exp_name, "task_id": task_id, **({"run_name": run_name} if run_name else {})}
-    q = Queue(kind, connection=conn)
+    q = Queue(kind, connection=conn, serializer=TaskSerializer)
     return q, q.enqueue_call(FUNC[kind], args=(task,), job_id=task_id)
 
 
@@ -72,7 +73,7 @@ def all_keys(conn):
 def rq_job_ids(conn):
     ids = set()
     for kind in ("collector", "learner"):
-        q = Queue(kind, connection=conn)
+        q = Queue(kind, connection=conn, serializer=TaskSerializer)
         ids |= set(q.get_job_ids())
         for reg in (q.started_job_registry, q.failed_job_registry, q.finished_job_registry):
             ids |= set(reg.get_job_ids(cleanup=False))

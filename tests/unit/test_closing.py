@@ -28,13 +28,13 @@ def test_the_coordinator_and_the_launcher_print_the_block_of_summary_json(tmp_pa
     assert block.splitlines()[0] == f"rqrl {c.exp}: max_train_iter 4 reached"
     assert f"  final policy   {c.out / 'final.pt'} (policy version 4)" in block
     assert f"(stop_value {cfg.env.stop_value})" in block and "  curve          no evaluations" in block
-    Launcher._print_closing_block(SimpleNamespace(run_dir=c.out))
+    Launcher._print_closing_block(SimpleNamespace(run_dir=c.out, log_dir=c.out / "log"))
     assert capsys.readouterr().out.strip() == block
 
 
 def test_a_run_without_summary_json_prints_no_block(tmp_path, capsys):
-    Launcher._print_closing_block(SimpleNamespace(run_dir=tmp_path))
-    assert capsys.readouterr().out == ""
+    Launcher._print_closing_block(SimpleNamespace(run_dir=tmp_path, log_dir=tmp_path / "log"))
+    assert capsys.readouterr().out == ""  # and without a coordinator log, no last words either
 
 
 def test_missing_figures_read_as_none():

@@ -43,13 +43,14 @@ def test_docstring_table_matches_builders():
     doc_keys = re.findall(r"^\s+(rqrl:\S+)", keys.__doc__, flags=re.M)
     assert len(doc_keys) >= 13
     subst = {"{exp}": "E", "{buffer_id}": "B", "{data_id}": "D", "{policy_id}": "P", "{name}": "N",
-             "{task_id}": "T", "{group_id}": "G"}
+             "{task_id}": "T", "{group_id}": "G", "{queue}": "Q"}
     built = {
         keys.events("E"), keys.buffer_meta("E", "B"), keys.data("E", "D"), keys.policy("E", "P"),
         keys.ckpt("E", "N"), keys.policy_updates("E", "P"), keys.envstep("E"), keys.commander("E"),
         keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.heartbeat("E", "T"),
         keys.runs(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"), keys.evals("E"),
         keys.evaluated_policy("E", "T"), keys.learner_group("E", "G"), keys.phases("E"),
+        keys.workers_alive("Q"), keys.worker_alive("N"),
     }
     documented = set()
     for k in doc_keys:
