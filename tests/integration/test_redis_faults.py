@@ -217,7 +217,9 @@ def test_workers_still_count_after_redis_lost_rqs_registry(real_redis, redis_ser
     queue = Queue(keys.COLLECTOR_QUEUE, connection=real_redis)
     real_redis.config_set("notify-keyspace-events", "Ks")
     sub = connect(redis_server.url).pubsub()
-    sub.subscribe(f"__keyspace@0__:{keys.workers_alive(keys.COLLECTOR_QUEUE)}")
+    # RQ's registry too: a worker's alive key is written before RQ registers its birth, so the
+    # count can reach 2 before both are in the registry the flush must empty.
+    sub.subscribe(f"__keyspace@0__:{keys.workers_alive(keys.COLLECTOR_QUEUE)}", "__keyspace@0__:rq:workers:collector")
 
     def until_count(n: int) -> None:
         """Block on the set's keyspace events (a worker's refresh) until the count is ``n``."""
@@ -232,6 +234,10 @@ def test_workers_still_count_after_redis_lost_rqs_registry(real_redis, redis_ser
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
     try:
         until_count(2)
+        for _ in range(20):  # a hang guard only: both register within seconds of their start
+            if real_redis.scard("rq:workers:collector") == 2:
+                break
+            sub.get_message(timeout=worker_presence.REFRESH_S + 5)
         real_redis.flushall()  # what a restart without persistence leaves
         until_count(2)
         assert real_redis.scard("rq:workers:collector") == 0  # RQ's registry is still empty
