@@ -39,6 +39,22 @@ CASES: dict[str, tuple[str, list[str], int, int]] = {
 WORKER = {"kept": "workers.worker.CollectorWorker", "old": "workers.worker.PreloadWorker"}
 
 
+def _until_tasks_end(conn: Any, stream: str, timeout: float = 120.0) -> list[dict[str, Any]]:
+    """The run's events once every collector task that started has reported its end: the
+    coordinator exits right after its summary, while long tasks are still flushing at the stop
+    flag (XREAD BLOCK; ``timeout`` seconds is a hang guard)."""
+    evs: list[dict[str, Any]] = []
+    last, deadline = b"0", time.monotonic() + timeout
+    while True:
+        for _, entries in conn.xread({stream: last}, block=1000) or []:
+            for last, raw in entries:
+                evs.append(streams.decode_fields(raw))
+        started = {e["task_id"] for e in evs if e["type"] == "started" and e.get("task_type") == "collector"}
+        ended = {e["task_id"] for e in evs if e["type"] in ("finished", "failed")}
+        if started <= ended or time.monotonic() > deadline:
+            return evs
+
+
 def run_case(name: str, mode: str, timeout: float = 1800.0) -> dict[str, Any]:
     """One run of case ``name`` with collector workers of ``mode`` (``kept`` or ``old``)."""
     config, overrides, budget, old_task = CASES[name]
@@ -64,7 +80,7 @@ def run_case(name: str, mode: str, timeout: float = 1800.0) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         if coord.returncode != 2:
             raise RuntimeError(f"{name}/{mode}: coordinator exited {coord.returncode}: {coord.stderr[-2000:]}")
-        evs = [streams.decode_fields(raw) for _, raw in conn.xrange(keys.events(keys.namespace("bench_episodes", "r")))]
+        evs = _until_tasks_end(conn, keys.events(keys.namespace("bench_episodes", "r")))
     finally:
         for w in workers:
             w.terminate()

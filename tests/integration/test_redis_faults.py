@@ -108,9 +108,9 @@ def _passing_eval_run(conn, cfg, tmp_path) -> tuple[str, bytes]:
     weights = f"weights of {task['task_id']}".encode()
     blobstore.put_versioned(conn, keys.evaluated_policy(c1.exp, task["task_id"]), weights, 5)
     c1.router.route({"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": True,
-               "buffer_id": task["buffer_id"], "policy_version": 5, "real_episode_count": 4, "env_steps": 800,
-               "avg_time_per_step": 0.001, "reward_mean": 200.0, "reward_std": 1.0, "avg_step_per_episode": 200.0,
-               "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0})
+                     "buffer_id": task["buffer_id"], "policy_version": 5, "real_episode_count": 4, "env_steps": 800,
+                     "avg_time_per_step": 0.001, "reward_mean": 200.0, "reward_std": 1.0, "avg_step_per_episode": 200.0,
+                     "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0})
     c1._persist(conn.pipeline(transaction=True)).execute()
     c1.wrapup.export_best()
     c1._persist(conn.pipeline(transaction=True)).execute()  # the loop's next write records best.pt's eval
@@ -217,27 +217,27 @@ def test_workers_still_count_after_redis_lost_rqs_registry(real_redis, redis_ser
     queue = Queue(keys.COLLECTOR_QUEUE, connection=real_redis)
     real_redis.config_set("notify-keyspace-events", "Ks")
     sub = connect(redis_server.url).pubsub()
-    # RQ's registry too: a worker's alive key is written before RQ registers its birth, so the
-    # count can reach 2 before both are in the registry the flush must empty.
+    # Both sets' keyspace events: rqrl's alive keys and RQ's registry (written at a worker's birth).
     sub.subscribe(f"__keyspace@0__:{keys.workers_alive(keys.COLLECTOR_QUEUE)}", "__keyspace@0__:rq:workers:collector")
 
-    def until_count(n: int) -> None:
-        """Block on the set's keyspace events (a worker's refresh) until the count is ``n``."""
+    def until(pred, what: str) -> None:
+        """Block on those keyspace events until ``pred()`` holds."""
         for _ in range(20):  # a hang guard only: each worker refreshes every 10 s
-            if live_workers(real_redis, queue) == n:
+            if pred():
                 return
             sub.get_message(timeout=worker_presence.REFRESH_S + 5)
-        raise AssertionError(f"live collector workers never reached {n}: {live_workers(real_redis, queue)}")
+        raise AssertionError(f"never: {what} (live collector workers: {live_workers(real_redis, queue)})")
+
+    def until_count(n: int) -> None:
+        until(lambda: live_workers(real_redis, queue) == n, f"{n} live collector workers")
 
     procs = [subprocess.Popen([rq_bin(), "worker", keys.COLLECTOR_QUEUE, "-w", "workers.worker.CollectorWorker",
                                "--name", f"wipe-{i}"], cwd=tmp_path, env=worker_env(redis_server.url),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
     try:
         until_count(2)
-        for _ in range(20):  # a hang guard only: both register within seconds of their start
-            if real_redis.scard("rq:workers:collector") == 2:
-                break
-            sub.get_message(timeout=worker_presence.REFRESH_S + 5)
+        # Both born in RQ's registry too (a worker's alive key may come first), so the wipe below empties it for good.
+        until(lambda: real_redis.scard("rq:workers:collector") == 2, "both workers in RQ's registry")
         real_redis.flushall()  # what a restart without persistence leaves
         until_count(2)
         assert real_redis.scard("rq:workers:collector") == 0  # RQ's registry is still empty
@@ -332,7 +332,7 @@ def test_a_worker_outlives_a_full_redis_and_serves_once_it_has_room(tmp_path):
             while True:
                 line = lines.get(timeout=90)  # a hang guard only
                 if line is None:
-                    raise AssertionError(f"the worker exited ({proc.wait()}) before {marker!r}:\n" + "".join(seen[-20:]))
+                    raise AssertionError(f"the worker exited ({proc.wait()}) before {marker!r}:\n" + "".join(seen[-80:]))
                 seen.append(line)
                 if marker in line:
                     return
@@ -385,7 +385,7 @@ def test_a_limit_hit_mid_run_is_the_stop_reason(redis_exe, small_cfg, tmp_path):
         task = c.commander.get_learner_task()
         c.tasks.running[task["task_id"]] = {"task": task, "kind": "learner", "started": True}
         c.router.route({"type": "failed", "task_id": task["task_id"], "task_type": "learner",
-                  "error": "ResponseError: Protocol error: invalid bulk length"})
+                        "error": "ResponseError: Protocol error: invalid bulk length"})
         assert "Redis proto-max-bulk-len (1.0 MB, 1048576 bytes) is below a value this run writes" in c.router.fatal
         c.tb.close()
 
