@@ -58,12 +58,6 @@ def put_versioned(
     pipe.execute()
 
 
-def get_version(conn: redis.Redis, key: str) -> int | None:
-    """The stored version at ``key`` (one HGET), or ``None`` when nothing is stored."""
-    raw = conn.hget(key, "version")
-    return None if raw is None else int(raw)
-
-
 def get_versioned(conn: redis.Redis, key: str) -> tuple[dict[str, str], bytes] | None:
     """Read a versioned blob atomically.
 
@@ -87,11 +81,6 @@ def get_versioned(conn: redis.Redis, key: str) -> tuple[dict[str, str], bytes] |
         raise BlobError(f"{key}: payload is {len(payload)} bytes, header says {nbytes}")
     meta = {k.decode(): v.decode() for k, v in fields.items() if not k.startswith(b"chunk:")}
     return meta, payload
-
-
-def put_data(pipe: redis.Redis, key: str, payload: bytes, ttl_s: int) -> None:
-    """Queue a step-data blob SET with a TTL (seconds) on ``pipe`` (a pipeline or client)."""
-    pipe.set(key, payload, ex=int(ttl_s))
 
 
 def get_many(conn: redis.Redis, keys: Iterable[str]) -> list[bytes | None]:

@@ -24,8 +24,8 @@ class ConfigError(ValueError):
     """A bad config: the message names the file or the dotted key at fault."""
 
 
-# Defaults for everything except the policy's own section, which each policy class supplies
-# through ``default_config()`` (see common/policy/).
+# Defaults for everything except the policy's own section, which each algorithm supplies as
+# its ``Algorithm.config`` (common/policy/base.py).
 SYSTEM_DEFAULTS: dict[str, Any] = dict(
     exp_name="default_experiment",
     seed=0,
@@ -81,7 +81,9 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
             # replay data only (an on-policy source needs every row of a version in one process).
             learner_num=1,
             learner=dict(
-                train_iterations=1_000_000_000,
+                # Train iterations of one learner task; 0: until the stop flag or the data source
+                # ends it (the run's own limit is commander.max_train_iter).
+                train_iterations=0,
                 log_policy=True,
                 send_policy_freq=4,  # publish weights every N train iterations (on-policy data: every one)
                 send_info_freq=20,  # learner info event every N train iterations
@@ -173,8 +175,10 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
     ),
 )
 
+DEFAULT_ALGORITHM = "dqn"  # create_config.policy.type when a config names none
+
 _CREATE_DEFAULTS: dict[str, Any] = dict(
-    policy=dict(type="dqn", import_names=[]),
+    policy=dict(type=DEFAULT_ALGORITHM, import_names=[]),
     learner=dict(type="base", import_names=[]),
     commander=dict(type="solo", import_names=[]),
 )
@@ -454,16 +458,18 @@ def apply_overrides(cfg: EasyDict, overrides: list[str]) -> EasyDict:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     create = cfg.get("create")
-    plain = {k: v for k, v in _to_plain(cfg).items() if k != "create"}
+    plain = {k: v for k, v in to_plain(cfg).items() if k != "create"}
     merged = merge_strict(plain, patch, "", _OPEN_KEYS)
-    merged["create"] = _to_plain(create) if create is not None else None
+    merged["create"] = to_plain(create) if create is not None else None
     _validate(merged)
     return EasyDict(merged)
 
 
-def _to_plain(obj: Any) -> Any:
+def to_plain(obj: Any) -> Any:
+    """EasyDict (and tuples) -> plain dicts with str keys and lists, so configs travel as builtin
+    types (RQ job payloads, final.pt, JSON)."""
     if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
+        return {str(k): to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_to_plain(v) for v in obj]
+        return [to_plain(v) for v in obj]
     return obj

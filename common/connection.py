@@ -423,22 +423,3 @@ def scrub(text: str, url: str | None) -> str:
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
-
-
-def url_of(conn: redis.Redis) -> str:
-    """Rebuild a URL for ``conn`` (used to hand the same Redis to child processes).
-
-    Raises:
-        ValueError: the connection has no host/port or unix socket recorded.
-    """
-    kw = conn.connection_pool.connection_kwargs
-    db = kw.get("db", 0)
-    cred = ""
-    if kw.get("password"):
-        cred = f"{kw.get('username') or ''}:{kw['password']}@"
-    if kw.get("path"):
-        return f"unix://{cred}{kw['path']}?db={db}"
-    if "host" not in kw:
-        raise ValueError("connection has neither host nor unix socket path")
-    scheme = "rediss" if conn.connection_pool.connection_class.__name__ == "SSLConnection" else "redis"
-    return f"{scheme}://{cred}{kw['host']}:{kw.get('port', 6379)}/{db}"

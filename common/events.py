@@ -3,7 +3,7 @@
 Each entry has the fields ``type`` (one of :data:`EVENT_TYPES`), ``task_id``, ``task_type``
 (``collector`` or ``learner``), ``ts`` (unix seconds) and the event's own scalar fields, e.g.::
 
-    redis-cli XRANGE rqrl:cartpole_dqn:events - + COUNT 5
+    redis-cli XRANGE rqrl:cartpole_dqn/20261130T021500Z-s0:events - + COUNT 5
     ... type finished task_id collector_task_3f2a... task_type collector eval_flag true reward_mean 200.4 ...
 """
 
@@ -29,7 +29,8 @@ TASK_TYPES = ("collector", "learner")
 
 
 def emit(conn: redis.Redis, exp: str, type_: str, task_id: str, task_type: str, **fields: Any) -> bytes:
-    """XADD one event; returns its stream id.
+    """XADD one event; returns its stream id (``conn`` a pipeline: the pipeline, the id comes with
+    its ``execute()``, and this process's clock is not checked against Redis's).
 
     Raises:
         ValueError: unknown event or task type.
@@ -43,7 +44,8 @@ def emit(conn: redis.Redis, exp: str, type_: str, task_id: str, task_type: str, 
     # No MAXLEN here: a cap would drop events the coordinator has not read yet (it may be down
     # for a while). The coordinator trims what it has read (see coordinator/daemon.py).
     entry_id = streams.add(conn, keys.events(exp), body, maxlen=None)
-    _warn_if_skewed(clock_offset_s(entry_id, body["ts"]))
+    if isinstance(entry_id, (bytes, str)):  # on a pipeline the id comes with its execute(): no check
+        _warn_if_skewed(clock_offset_s(entry_id, body["ts"]))
     return entry_id
 
 

@@ -66,7 +66,7 @@ def check_arrays(state: Any, what: str) -> None:
 
 def check_train_step(policy: Any, log_vars: Mapping[str, Any], train_iter: int) -> None:
     """After train iteration ``train_iter``: its logged scalars, then the gradients, then the weights
-    of every ``torch.nn.Module`` attribute of ``policy`` (e.g. ``model``, ``target_model``).
+    of every module of ``policy`` (:meth:`common.policy.base.Policy.modules`: ``model``, ``target_model``, ...).
 
     Raises:
         NonFiniteError: ``train iter N: non-finite loss|gradient|weight NAME (...)``.
@@ -76,7 +76,7 @@ def check_train_step(policy: Any, log_vars: Mapping[str, Any], train_iter: int) 
             raise NonFiniteError(f"train iter {train_iter}: non-finite {k} = {v}")
     import torch
 
-    modules = {k.lstrip("_"): m for k, m in vars(policy).items() if isinstance(m, torch.nn.Module)}
+    modules = policy.modules()
     params = [(f"{mk}.{pk}", p) for mk, m in modules.items() for pk, p in m.named_parameters()]
     for kind, tensors in (("gradient", [(n, p.grad) for n, p in params if p.grad is not None]),
                           ("weight", [(n, p) for n, p in params])):

@@ -37,11 +37,6 @@ def framed_fields(spec: SpaceSpec, schema: dict[str, tuple[tuple[int, ...], np.d
     return [k for k, (shape, dt) in schema.items() if tuple(shape) == tuple(spec.obs_shape) and np.dtype(dt) == np.uint8]
 
 
-def frame_shape(spec: SpaceSpec) -> tuple[int, int]:
-    """(H, W) of one frame of an image observation."""
-    return spec.image_chw[1], spec.image_chw[2]
-
-
 class FrameIndex:
     """Distinct frames by content: ``add`` returns the index of an equal frame seen before, or stores it."""
 

@@ -6,7 +6,7 @@ Stream fields are plain strings so ``redis-cli XRANGE`` is readable; :func:`enco
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import redis
 
@@ -100,6 +100,26 @@ def read_group(
         return []
     # RESP2 reply: [[stream, [(id, fields), ...]]]; fields is None for an entry trimmed away.
     return [e for _, entries in reply for e in entries if e[1] is not None]
+
+
+def claim_pending(conn: redis.Redis, stream: str, group: str, consumer: str,
+                  count: int) -> Iterator[tuple[list[tuple[bytes, dict[bytes, bytes]]], list[bytes], int]]:
+    """Take over every entry pending in ``group`` on ``stream`` for ``consumer`` (XAUTOCLAIM from
+    ``0-0`` to the end, at most ``count`` entries a round): an earlier reader's unacked entries.
+
+    Yields, per round:
+        ``(claimed, gone, nil)``: the entries still on the stream (``[(entry_id, raw_fields)]``);
+        the ids of pending entries the stream no longer holds (Redis >= 7 names them and drops
+        them from the pending list); and how many such entries Redis 6.2 answered as nil, without
+        their ids (they stay pending for ``consumer``).
+    """
+    start: bytes | str = "0-0"
+    while True:
+        reply = conn.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=start, count=count)
+        start, claimed = reply[0], [e for e in reply[1] if e[1] is not None]
+        yield claimed, list(reply[2]) if len(reply) > 2 else [], len(reply[1]) - len(claimed)
+        if start in (b"0-0", "0-0"):
+            return
 
 
 def ack(conn: redis.Redis, stream: str, group: str, ids: list[bytes]) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 class TaskSpace:
     """A counter of free slots between ``min_val`` and ``max_val``.
 
-    ``acquire_space`` takes a slot if one is free; ``release_space`` gives one back;
-    ``increase_space`` / ``decrease_space`` / ``resize`` change the capacity when collectors join or leave.
+    ``acquire_space`` takes a slot if one is free; ``release_space`` gives one back; ``resize``
+    changes the capacity when collectors join or leave.
     """
 
     def __init__(self, min_val: int = 0, max_val: int = 1) -> None:
@@ -16,12 +16,6 @@ class TaskSpace:
         self.min_val = min_val
         self.max_val = max_val
         self.cur = min_val
-
-    def get_residual_space(self) -> int:
-        """Free slots, and takes them all (as the seed's container)."""
-        ret = self.max_val - self.cur
-        self.cur = self.max_val
-        return ret
 
     def acquire_space(self) -> bool:
         """Take one slot; False when none is free."""
@@ -35,15 +29,6 @@ class TaskSpace:
         if self.cur <= self.min_val:
             raise RuntimeError("task space released more often than acquired")
         self.cur -= 1
-
-    def increase_space(self) -> None:
-        """One more slot of capacity."""
-        self.max_val += 1
-
-    def decrease_space(self) -> None:
-        """One slot less capacity (never below ``min_val``); a running task keeps its slot."""
-        if self.max_val > self.min_val:
-            self.max_val -= 1
 
     def resize(self, max_val: int) -> None:
         """Set the capacity to ``max_val`` (at least ``min_val``). Running tasks keep their slots:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import keys, spaces
+from common import keys, presets, spaces
 from common.config import ConfigError, apply_overrides, load_config
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
@@ -52,8 +52,6 @@ def _pick_config(args: argparse.Namespace) -> None:
         ConfigError: both or neither of CONFIG and ``--env``, ``--algo`` without ``--env``, or no
             preset for them (the message lists the presets).
     """
-    from common import presets
-
     args.preset = None
     if args.env is None:
         if args.algo is not None:
@@ -196,8 +194,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from common import presets
-
     print("Presets (rqrl train --env ID [--algo NAME]; the first algorithm of an env is its default):")
     print(presets.listing())
     return 0
@@ -264,7 +260,8 @@ def _add_preset_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default=None, metavar="ID",
                    help="a gymnasium env id: use its tuned preset instead of a config file (rqrl presets lists them)")
     p.add_argument("--algo", default=None, metavar="NAME",
-                   help="with --env: the preset of this algorithm (dqn, ppo, sac; default: the env's first preset)")
+                   help=f"with --env: the preset of this algorithm ({', '.join(sorted({p.algo for p in presets.PRESETS}))}; "
+                        "default: the env's first preset)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,6 +39,7 @@ from typing import Any, Optional
 from easydict import EasyDict
 
 from common import events, keys
+from common.config import to_plain
 from common.policy import algorithm_of
 from common.seeding import task_seed
 from common.registry import COMMANDER_REGISTRY
@@ -52,17 +53,13 @@ def new_task_id(kind: str) -> str:
     return f"{kind}_task_{uuid.uuid4().hex[:16]}"
 
 
-def _plain(obj: Any) -> Any:
-    """EasyDict -> plain dict/list, so RQ job payloads carry only builtin types."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
-
-
 class BaseCommander(ABC):
-    """The commander seam (as the seed's BaseCommander): hand out tasks, digest their results."""
+    """The commander seam (as the seed's BaseCommander): hand out tasks, digest their results.
+
+    The coordinator calls the methods below and reads the properties; a subclass that lacks one
+    cannot be built (``TypeError`` naming the missing members), so a second commander never
+    silently produces no best.pt or final.pt.
+    """
 
     @abstractmethod
     def get_collector_task(self) -> Optional[dict]:
@@ -91,6 +88,62 @@ class BaseCommander(ABC):
     @abstractmethod
     def update_learner_info(self, task_id: str, info: dict) -> None:
         """Record a learner progress report."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The commander's state as plain JSON values; the coordinator writes it with every
+        transaction, and a restarted coordinator adopts it (:meth:`load_state_dict`)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+
+    @abstractmethod
+    def restore(self, state: dict[str, Any], clock_shift_s: float, train_iter: int, consumed_env_steps: int) -> None:
+        """Load ``state`` (from the run folder's ``resume.json``) into a fresh Redis: no task of the
+        old run is running, its times are moved by ``clock_shift_s`` seconds (the pause is not
+        counted), and the learner resumes from a checkpoint at ``train_iter`` that had consumed
+        ``consumed_env_steps`` env steps."""
+
+    @abstractmethod
+    def summary(self) -> dict[str, Any]:
+        """Flat scalars (int, float, bool, str or None) for ``rqrl:{exp}:commander``, ``rqrl status``
+        and summary.json. The coordinator reads ``collector_task_space``, ``policy_id`` and
+        ``buffer_id`` (ids of the current learner's policy and buffer, "" when none) from it."""
+
+    @property
+    @abstractmethod
+    def total_envstep(self) -> int:
+        """Env steps collected so far (a running total)."""
+
+    @property
+    @abstractmethod
+    def train_iter(self) -> int:
+        """The learner's train iterations so far (= the newest policy version)."""
+
+    @property
+    @abstractmethod
+    def last_eval(self) -> Optional[dict]:
+        """The newest finished eval, or None before one: ``reward_mean`` (absent when it finished no
+        episode), ``policy_version``, ``envstep``, ``policy_envstep``."""
+
+    @property
+    @abstractmethod
+    def best_eval(self) -> dict:
+        """The best eval so far (empty before one): ``task_id``, ``reward_mean``, ``policy_version``;
+        the coordinator copies the weights that eval played to ``best.pt``."""
+
+    @property
+    @abstractmethod
+    def eval_bundles_in_use(self) -> set[str]:
+        """Eval task ids whose stored bundles (``rqrl:{exp}:task:{id}:evaluated``) can still be
+        exported or replayed; the coordinator deletes the others."""
+
+    @property
+    @abstractmethod
+    def final_eval_task(self) -> Optional[str]:
+        """The eval task whose weights passed (and were confirmed), which final.pt exports; None
+        until the run converges."""
 
     def follow_collector_workers(self, workers: int) -> None:
         """``workers`` collector workers are live (the coordinator calls this whenever the count
@@ -156,7 +209,7 @@ class SoloCommander(BaseCommander):
         self._learner_num = int(cfg.policy.learn.get("learner_num", 1))
         self._pending_ranks: list[dict] = []
         self._lost_group: Optional[str] = None
-        self._task_config = _plain(cfg)  # every task carries it; built once, never mutated
+        self._task_config = to_plain(cfg)  # every task carries it; built once, never mutated
 
     # ------------------------------------------------------------------ task creation
     @property
@@ -280,16 +333,18 @@ class SoloCommander(BaseCommander):
         is_eval = bool(finished_task["eval_flag"])
         kind = "evaluator" if is_eval else "collector"
         train_iter = int(finished_task["policy_version"])  # the version the task acted with
+        # The task's env steps; collectors before the glossary's names called them step_count.
+        env_steps = int(finished_task["env_steps"] if "env_steps" in finished_task else finished_task["step_count"])
         figures = {name: events.episode_figure(finished_task, name) for name in events.EPISODE_FIELDS}
         figures["avg_time_per_step"] = events.figure(finished_task, "avg_time_per_step")
         info = {
             "train_iter": train_iter,
             "episode_count": int(finished_task.get("real_episode_count") or 0),
-            "step_count": finished_task["step_count"],
+            "env_steps": env_steps,
             **{k: v for k, v in figures.items() if v is not None},
         }
         if not is_eval:
-            self._total_collector_env_step += int(finished_task["step_count"])
+            self._total_collector_env_step += env_steps
         # Evals at INFO; a line per training task (thousands a minute with many collectors) at DEBUG.
         level = logging.INFO if is_eval else logging.DEBUG
         if self._logger is not None and self._logger.isEnabledFor(level):
@@ -421,14 +476,6 @@ class SoloCommander(BaseCommander):
                 "collectors": self._collector_task_space.max_val}
         return self._algorithm.collect_setting(self._cfg.policy, info)
 
-    def increase_collector_task_space(self) -> None:
-        """One more collector may run (a collector joined)."""
-        self._collector_task_space.increase_space()
-
-    def decrease_collector_task_space(self) -> None:
-        """One collector fewer may run (a collector left)."""
-        self._collector_task_space.decrease_space()
-
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state, persisted by the coordinator so a restart resumes the run."""
@@ -477,6 +524,17 @@ class SoloCommander(BaseCommander):
         self._final_task = state.get("final_task")
         self._lost_group = state.get("lost_group")
 
+    def restore(self, state: dict[str, Any], clock_shift_s: float, train_iter: int, consumed_env_steps: int) -> None:
+        for ev in state["evaluator_info"]:
+            ev["time"] = float(ev.get("time", 0.0)) + clock_shift_s
+        state["last_eval"]["time"] = float(state["last_eval"]["time"]) + clock_shift_s
+        for name in ("collector_task_space", "learner_task_space"):
+            state[name]["cur"] = state[name]["min_val"]  # no task of the old run is running
+        state.update(eval_in_flight=None, eval_own_slot=False, confirm=None, end_flag=False, final_task=None,
+                     resume_learner=True,
+                     learner_info=[{"train_iter": train_iter, "collector_envstep": consumed_env_steps}])
+        self.load_state_dict(state)
+
     # ------------------------------------------------------------------ inspection
     @property
     def evaluations(self) -> list[dict]:
@@ -520,7 +578,7 @@ class SoloCommander(BaseCommander):
             # None (JSON null, "" in the Redis hash) before the first eval; the reward also when
             # the last eval finished no episode.
             "last_eval_reward_mean": last.get("reward_mean"),
-            "last_eval_train_iter": last.get("train_iter"),
+            "last_eval_policy_version": last.get("policy_version"),
             "last_eval_envstep": last.get("envstep"),
             # Env steps the learner had consumed when it made the evaluated policy version.
             "last_eval_policy_envstep": last.get("policy_envstep"),
@@ -542,4 +600,8 @@ def create_commander(cfg: EasyDict, **kwargs: Any) -> BaseCommander:
     create = cfg.get("create") or {}
     ctype = create.get("commander", {}).get("type", "solo")
     import_names(create.get("commander", {}).get("import_names", []))
-    return COMMANDER_REGISTRY.build(ctype, cfg, **kwargs)
+    commander = COMMANDER_REGISTRY.build(ctype, cfg, **kwargs)
+    if not isinstance(commander, BaseCommander):
+        raise TypeError(f"commander {ctype!r} ({type(commander).__name__}) does not subclass "
+                        "coordinator.commander.BaseCommander, the contract the coordinator relies on")
+    return commander

@@ -12,7 +12,8 @@
 An eval point is a dict (a record of ``evals.jsonl`` / ``rqrl:{exp}:evals`` is one)::
 
     {"envstep": int, "reward_mean": float, "reward_std": float, "time": float (unix seconds),
-     "train_iter": int (optional), "wall_seconds": float (optional: the run's clock, pauses
+     "policy_version": int (optional; ``train_iter`` in records written before the name),
+     "wall_seconds": float (optional: the run's clock, pauses
      before a resume not counted; drawn on the wall-time axis when every point has it)}
 
 An eval that finished no episode has no ``reward_mean``: it is not drawn (the title counts it).
@@ -158,7 +159,7 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
 
     Each ``finished`` event with ``eval_flag`` true is one point: ``reward_mean``,
     ``reward_std`` (absent when the eval finished no episode), ``time`` = its ``ts``,
-    ``train_iter``; ``envstep`` is the
+    ``policy_version``; ``envstep`` is the
     ``collector_envstep`` of the latest ``learner_info`` event before it (0 if none).
 
     Returns:
@@ -189,7 +190,7 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
                 if tid in seen:  # a task's duplicate report
                     continue
                 try:
-                    point = {"envstep": envstep, "time": float(ev["ts"]), "train_iter": int(ev.get("policy_version", 0))}
+                    point = {"envstep": envstep, "time": float(ev["ts"]), "policy_version": int(ev.get("policy_version", 0))}
                 except (KeyError, TypeError, ValueError):
                     continue  # a malformed entry: the coordinator drops it too
                 reward = episode_figure(ev, "reward_mean")

@@ -38,6 +38,7 @@ from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
 from common.embedded_redis import EmbeddedRedis
 from common.redis_memory import check_memory_settings
+from coordinator import closing
 from coordinator.lifeline import Lifeline
 from coordinator.progress import Progress, budgets_of
 
@@ -424,13 +425,12 @@ class Launcher:
         # The closing line shows the figures of summary.json (the learner may report a little more
         # after the coordinator's snapshot at the stop): one set of numbers per run.
         summary_path = self.run_dir / "summary.json"
-        run_phases = None
         if summary_path.is_file():
             summary = json.loads(summary_path.read_text())
             progress.from_summary(summary)
-            run_phases = self._record_exit(conn, summary_path, summary)
+            self._record_exit(conn, summary_path, summary)
         progress.show(final=True)
-        self._print_closing_block(run_phases)
+        self._print_closing_block()
         return code
 
     def _wrapped_up(self, timeout: float) -> bool:
@@ -477,9 +477,9 @@ class Launcher:
         pipe.execute()
         self._phases_written.update(todo)
 
-    def _record_exit(self, conn: redis.Redis, summary_path: Path, summary: dict[str, Any]) -> dict[str, float]:
+    def _record_exit(self, conn: redis.Redis, summary_path: Path, summary: dict[str, Any]) -> None:
         """Phase ``exit`` (now: the closing lines and the return are next) into summary.json, with this
-        process's other phases should Redis not have them, and into Redis; returns the run's phases."""
+        process's other phases should Redis not have them, and into Redis."""
         self.phases["exit"] = time.time()
         merged = {**summary.get("phases", {}), **self.phases}
         summary["phases"] = {name: merged[name] for name in phases.NAMES if name in merged}
@@ -490,26 +490,23 @@ class Launcher:
             phases.record(conn, self.ns, "exit", self.phases["exit"], first_only=False)
         except redis.RedisError:
             pass  # summary.json has it
-        return summary["phases"]
 
-    def _print_closing_block(self, run_phases: Optional[dict[str, float]] = None) -> None:
-        """Echo the coordinator's closing summary block (why it stopped, figures, final.pt) from its log,
-        its phases line drawn again from ``run_phases`` (with the exit) when given."""
+    def _print_closing_block(self) -> None:
+        """Print the run's closing block (why it stopped, figures, final.pt, phases) from its
+        summary.json, as the coordinator printed it (coordinator/closing.py). A coordinator that
+        ended before its summary (e.g. it could not claim the run): the last lines of its log."""
         try:
-            tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
-        except OSError:
-            return
-        heads = [i for i, ln in enumerate(tail) if ln.startswith(f"rqrl {self.ns}:")]
-        if heads:
-            block = [tail[heads[-1]]] + [ln for ln in tail[heads[-1] + 1:] if ln.startswith("  ")]
-            if run_phases:
-                block = [f"  phases         {phases.render(run_phases)}" if ln.startswith("  phases ") else ln
-                         for ln in block]
-            print("\n".join(block))
-        else:  # it ended before its summary (e.g. it could not claim the run): its last words say why
+            summary = json.loads((self.run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            try:
+                tail = (self.log_dir / "coordinator.log").read_text(errors="replace").splitlines()
+            except OSError:
+                return
             last = [scrub(ln, self.url) for ln in tail if ln.strip()][-_LAST_WORDS:]
             print(f"the coordinator ended without a summary; the end of {self.log_dir / 'coordinator.log'}:\n"
                   + "\n".join(f"  {ln}" for ln in last), file=sys.stderr)
+            return
+        print(closing.render(summary))
 
     def _teardown_in_background(self) -> None:
         """Run :meth:`_teardown` in a detached process and return at once.

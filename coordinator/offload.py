@@ -1,4 +1,5 @@
-"""Work the coordinator's event loop hands to background threads: log output and TensorBoard scalars.
+"""Work the coordinator's event loop hands to background threads: log output and TensorBoard scalars;
+and the writers of what tasks ship (their log lines and scalars, common/logs.py) into the run.
 
 At many collectors the loop digests thousands of events a second; formatting and writing a log
 line per task, and building a TensorBoard protobuf per scalar (the commander records 14 per
@@ -9,13 +10,17 @@ for the logs).
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.handlers
 import queue
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, Callable
+
+from common import keys
 
 
 class _RecordQueueHandler(logging.handlers.QueueHandler):
@@ -95,3 +100,28 @@ class DeferredScalars:
         self._thread.join(timeout=10)
         self._drain()
         self._writer.close()
+
+
+def write_shipped_log(run_dir: Path, ev: dict[str, Any]) -> None:
+    """Append a task's shipped log lines (a ``log`` event, common/logs.py) to the run folder's
+    ``log/{name}/{name}.txt``, where a learner started in the run folder used to write them.
+
+    Raises:
+        ValueError: ``name`` is not one plain file name.
+    """
+    name = keys.check_path_component("log name", str(ev.get("name", "")))
+    folder = run_dir / "log" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.txt", "a") as f:
+        f.write(str(ev.get("lines", "")) + "\n")
+
+
+def write_shipped_scalars(tb: Any, ev: dict[str, Any]) -> None:
+    """Hand a task's shipped TensorBoard scalars (a ``scalars`` event: a JSON list of
+    ``[tag, value, step, walltime]``) to the run's writer, with their own wall times.
+
+    Raises:
+        ValueError: the field is not such a list.
+    """
+    for tag, value, step, walltime in json.loads(ev["scalars"]):
+        tb.add_scalar(str(tag), float(value), int(step), walltime=float(walltime))

@@ -40,7 +40,7 @@ from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
 from workers.live_envs import EpisodeStats, LiveEnvs
 from workers.step_watch import StepWatch
-from workers.task import Heartbeat, TaskError, check_current, task_connection, task_namespace, validate_task
+from workers.task import check_current, task_connection, task_namespace, task_scope, validate_task
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class ChunkBuilder:
         return out
 
 
-def finish_info(stats: EpisodeStats, step_count: int, seconds: float, policy_version: int,
+def finish_info(stats: EpisodeStats, env_steps: int, seconds: float, policy_version: int,
                 eval_flag: bool) -> dict[str, Any]:
     """The seed's finish info of one task (times in seconds, steps in env steps): the episodes
     that finished during the task, whole episodes even when they began in an earlier task.
@@ -88,8 +88,8 @@ def finish_info(stats: EpisodeStats, step_count: int, seconds: float, policy_ver
     n = len(stats.returns)
     info: dict[str, Any] = {
         "real_episode_count": n,
-        "step_count": int(step_count),
-        "avg_time_per_step": seconds / step_count if step_count else 0.0,
+        "env_steps": int(env_steps),
+        "avg_time_per_step": seconds / env_steps if env_steps else 0.0,
         "policy_version": int(policy_version),
         "eval_flag": bool(eval_flag),
         "duration": round(seconds, 3),
@@ -382,48 +382,41 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     t_entry = time.perf_counter()
     cfg = validate_task(task, "collector")
     conn = task_connection(task)
-    exp, task_id = task_namespace(task), task["task_id"]
+    exp = task_namespace(task)
     check_current(conn, task)
     comm = RedisCommCollector(conn, task, cfg.policy.collect.collector.data_ttl)
     cache = live_envs.CACHE
     key = (exp, task["run_id"], "eval" if task["eval_flag"] else "train")
 
     def report_stall(reason: str) -> None:  # from the watch's thread: the main one is stuck in env.step
-        events.emit(conn, exp, "failed", task_id, "collector", error=f"EnvStalled: {reason}",
+        events.emit(conn, exp, "failed", task["task_id"], "collector", error=f"EnvStalled: {reason}",
                     eval_flag=bool(task.get("eval_flag")))
 
     watch = StepWatch(float(cfg.policy.collect.collector.step_timeout_s), cfg.env.env_id, report_stall)
-    try:
-        with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout), watch:
-            comm.deal_with_collector_start()
-            try:
-                if cache is None:
-                    if not task["eval_flag"]:
-                        _notice_no_env_cache(conn)
-                    live = build_live_envs(cfg, task)
-                    try:
-                        info = _run(cfg, task, comm, live, t_entry, watch)
-                        info["episodes_cut"] = 0 if task["eval_flag"] or comm.stop_flag else live.episodes.running
-                    finally:
-                        live.close()
-                else:
-                    with cache.borrow(key, lambda: build_live_envs(cfg, task)) as live:
-                        info = _run(cfg, task, comm, live, t_entry, watch)
-                        info["episodes_cut"] = 0
-                    if comm.stop_flag:  # the run is ending: its envs are not needed again
-                        cache.close_run(exp, task["run_id"])
-            finally:
-                comm.close()
-            info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
-            info["policy_errors"] = comm.policy_errors
-            comm.deal_with_collector_close(info)
-        return info
-    except TaskError:
-        raise  # not this task's runner (a duplicate id): report nothing under its id
-    except Exception as e:
-        events.emit(conn, exp, "failed", task_id, "collector", error=f"{type(e).__name__}: {e}"[:2000],
-                    eval_flag=bool(task.get("eval_flag")))
-        raise
+    with task_scope(conn, task, "collector", cfg, lambda _e: {"eval_flag": bool(task.get("eval_flag"))}), watch:
+        comm.deal_with_collector_start()
+        try:
+            if cache is None:
+                if not task["eval_flag"]:
+                    _notice_no_env_cache(conn)
+                live = build_live_envs(cfg, task)
+                try:
+                    info = _run(cfg, task, comm, live, t_entry, watch)
+                    info["episodes_cut"] = 0 if task["eval_flag"] or comm.stop_flag else live.episodes.running
+                finally:
+                    live.close()
+            else:
+                with cache.borrow(key, lambda: build_live_envs(cfg, task)) as live:
+                    info = _run(cfg, task, comm, live, t_entry, watch)
+                    info["episodes_cut"] = 0
+                if comm.stop_flag:  # the run is ending: its envs are not needed again
+                    cache.close_run(exp, task["run_id"])
+        finally:
+            comm.close()
+        info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
+        info["policy_errors"] = comm.policy_errors
+        comm.deal_with_collector_close(info)
+    return info
 
 
 def _run(cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs, t_entry: float,

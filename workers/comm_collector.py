@@ -12,7 +12,7 @@ once the coordinator revoked the task's lease. The collector flushes every chunk
 Replay-ratio limiter (collector side): when the env-step counter passes the ``envstep_limit``
 the learner published with its last policy, the collector waits on the policy's pub/sub
 channel until the learner catches up (or the stop flag, or ``max_wait_s``). The learner side
-of the limiter (not training faster than ``train_iter_per_env_step``) is in workers/learner.py.
+of the limiter (not training faster than ``train_iter_per_env_step``) is in workers/sources/replay.py.
 """
 
 from __future__ import annotations

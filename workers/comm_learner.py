@@ -148,20 +148,15 @@ class BufferReader(threading.Thread):
         itself and names it in XAUTOCLAIM's third reply element; 6.2 keeps it pending and
         answers nil for it, without its id, so the ids come from this consumer's pending list.
         """
-        start = "0-0"
         gone: list[bytes] = []
         nil = 0
-        while True:
-            reply = self._conn.xautoclaim(self._stream, keys.LEARNER_GROUP, self._consumer, min_idle_time=0,
-                                          start_id=start, count=self._batch)
-            start, claimed = reply[0], [e for e in reply[1] if e[1] is not None]
-            gone += list(reply[2]) if len(reply) > 2 else []  # Redis >= 7
-            nil += len(reply[1]) - len(claimed)  # Redis 6.2
+        for claimed, gone_now, nil_now in streams.claim_pending(self._conn, self._stream, keys.LEARNER_GROUP,
+                                                                self._consumer, self._batch):
+            gone += gone_now  # Redis >= 7
+            nil += nil_now  # Redis 6.2
             if claimed:
                 self._logger.info("claimed %d unacked entries of %s from a previous learner", len(claimed), self._stream)
                 self._consume(claimed)
-            if start in (b"0-0", "0-0"):
-                break
         if nil:  # what is still pending here after _consume acked the rest is exactly the trimmed entries
             pending = self._conn.xpending_range(self._stream, keys.LEARNER_GROUP, min="-", max="+", count=nil,
                                                 consumername=self._consumer)

@@ -105,10 +105,10 @@ class LearnerGroup:
         Raises:
             GroupError: the policy holds no optimizer (nothing would keep the ranks in step).
         """
-        optimizers = [v for v in vars(policy).values() if isinstance(v, torch.optim.Optimizer)]
+        optimizers = policy.optimizers()
         if not optimizers:
-            raise GroupError(f"learner group {self.group_id}: the policy {type(policy).__name__} holds no "
-                             "torch.optim.Optimizer attribute, so its gradients cannot be averaged")
+            raise GroupError(f"learner group {self.group_id}: the policy {type(policy).__name__} has no "
+                             "torch.optim.Optimizer (Policy.optimizers), so its gradients cannot be averaged")
         for opt in optimizers:
             self._handles.append(opt.register_step_pre_hook(self._average_grads))
         return len(optimizers)

@@ -8,7 +8,7 @@ seed's contract (hooks at ``before_run`` / ``before_iter`` / ``after_iter`` / ``
     learner.start():
         call_hook("before_run")            # load checkpoint, publish the initial policy
         while (batch := learner.get_data()) is not None:   # None at the stop flag
-            learner.train(batch)           # before_iter hooks, policy.learn_mode.forward, after_iter hooks
+            learner.train(batch)           # before_iter hooks, policy.learn(batch), after_iter hooks
         call_hook("after_run")             # save the final checkpoint
 
 Data arrives through a background :class:`~workers.comm_learner.BufferReader`; ``get_data`` is
@@ -25,6 +25,7 @@ with the other ranks on every batch; rank 0 alone publishes, checkpoints and sen
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -39,7 +40,7 @@ import redis
 import torch
 from easydict import EasyDict
 
-from common import events, keys, phases, serialization, spaces
+from common import events, keys, serialization, spaces
 from common.device import pick_device
 from common.finite import check_train_step
 from common.logs import ShippedScalars, build_logger, build_tb_writer, close_logger, shipped_logger
@@ -49,9 +50,10 @@ from common.connection import is_sentinel
 from common.finite import check_arrays
 from workers.comm_learner import BufferReader, checkpoint_bytes, load_checkpoint, put_checkpoint, put_policy
 from workers.ddp import LearnerGroup, join
-from workers.learner_hooks import LearnerHook, build_hooks
+from workers.learner_hooks import (BroadcastStateHook, FeedbackHook, LearnerHook, PhaseHook, PublishPolicyHook,
+                                   SendInfoHook, build_hooks)
 from workers.sources import create_source
-from workers.task import Heartbeat, TaskError, check_current, task_connection, task_namespace, validate_task
+from workers.task import check_current, task_connection, task_namespace, task_scope, validate_task
 
 
 class CheckpointStore:
@@ -192,7 +194,8 @@ class BaseLearner:
         self._learner_done = False
         self.call_hook("before_run")
         try:
-            for _ in range(self._cfg.train_iterations):
+            limit = int(self._cfg.train_iterations)
+            for _ in (range(limit) if limit > 0 else itertools.count()):
                 t0 = time.perf_counter()
                 data = self.get_data()
                 self._log_buffer["scalar"]["data_time"].append(time.perf_counter() - t0)
@@ -372,37 +375,6 @@ class PolicyPublisher:
             return version
 
 
-class PublishPolicyHook(LearnerHook):
-    """Publish collector weights before the run and every ``send_policy_freq`` iterations."""
-
-    def __init__(self, publisher: PolicyPublisher, position: str, freq: int,
-                 envstep_limit: Callable[[int], int]) -> None:
-        super().__init__(f"publish_policy_{position}", position, priority=30, freq=freq)
-        self._publisher, self._limit = publisher, envstep_limit
-
-    def __call__(self, learner: BaseLearner) -> None:
-        self._publisher.publish(learner.policy.get_weights(), learner.train_iter, self._limit(learner.train_iter),
-                                learner.collector_envstep)
-
-
-class PhaseHook(LearnerHook):
-    """Note when the hook first runs (:attr:`at`, unix seconds), e.g. ``first_train_step`` after
-    the first train iteration, and with ``record`` write it as run phase ``phase``
-    (common/phases.py); a no-op after that."""
-
-    def __init__(self, conn: redis.Redis, exp: str, phase: str, position: str, priority: int,
-                 record: bool = True) -> None:
-        super().__init__(f"phase_{phase}_{position}", position, priority=priority)
-        self._conn, self._exp, self._phase, self._record = conn, exp, phase, record
-        self.at: Optional[float] = None
-
-    def __call__(self, learner: BaseLearner) -> None:
-        if self.at is None:
-            self.at = time.time()
-            if self._record:
-                phases.record(self._conn, self._exp, self._phase, self.at)
-
-
 def _sched_s() -> tuple[float, float]:
     """Seconds the calling thread has run on a CPU and waited, runnable, for one (Linux
     ``/proc/thread-self/schedstat``: the scheduler's run and run-queue times); zeros elsewhere."""
@@ -412,46 +384,6 @@ def _sched_s() -> tuple[float, float]:
         return int(run_ns) / 1e9, int(wait_ns) / 1e9
     except (OSError, ValueError):
         return 0.0, 0.0
-
-
-class FeedbackHook(LearnerHook):
-    """Hand the last iteration's ``priority_info`` to the data source (prioritized replay)."""
-
-    def __init__(self, source: Any) -> None:
-        super().__init__("source_feedback_after_iter", "after_iter", priority=10)
-        self._source = source
-
-    def __call__(self, learner: BaseLearner) -> None:
-        self._source.feedback(learner.priority_info)
-
-
-class BroadcastStateHook(LearnerHook):
-    """Learner groups: after a checkpoint is loaded (priority 20) and before the first publication
-    (30), every rank takes rank 0's policy state, so all ranks start identical."""
-
-    def __init__(self, group: LearnerGroup) -> None:
-        super().__init__("broadcast_state_before_run", "before_run", priority=25)
-        self._group = group
-
-    def __call__(self, learner: BaseLearner) -> None:
-        self._group.broadcast_state(learner.policy)
-
-
-class SendInfoHook(LearnerHook):
-    """Send ``learner_info`` events (train iter, env steps, buffer and throughput figures)."""
-
-    def __init__(self, conn: redis.Redis, exp: str, task_id: str, freq: int, stats: Callable[[], dict[str, Any]]) -> None:
-        super().__init__("send_info_after_iter", "after_iter", priority=60, freq=freq)
-        self._conn, self._exp, self._task_id, self._stats = conn, exp, task_id, stats
-
-    def __call__(self, learner: BaseLearner) -> None:
-        info = {k: v for k, v in learner.learn_info.items() if isinstance(v, (int, float, bool, str))}
-        stats = self._stats()
-        info.update(stats)
-        events.emit(self._conn, self._exp, "learner_info", self._task_id, "learner", **info)
-        if learner.tb_logger is not None:  # policy lag, stale data, buffer figures against train_iter
-            for k, v in stats.items():
-                learner.tb_logger.add_scalar(f"learner_info/{k}", v, learner.train_iter)
 
 
 def run_learner_task(task: dict) -> dict[str, Any]:
@@ -470,17 +402,11 @@ def run_learner_task(task: dict) -> dict[str, Any]:
     """
     cfg = validate_task(task, "learner")
     conn = task_connection(task)
-    exp, task_id = task_namespace(task), task["task_id"]
     check_current(conn, task)
-    try:
-        with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
-            return _run_learner(conn, cfg, task)
-    except TaskError:
-        raise  # not this task's runner (a duplicate id): report nothing under its id
-    except Exception as e:
-        events.emit(conn, exp, "failed", task_id, "learner", error=f"{type(e).__name__}: {e}"[:2000],
-                    buffer_id=task["buffer_id"], fatal=bool(getattr(e, "fatal", False)))
-        raise
+    # A fatal error (non-finite weights, say) would fail a replacement the same way: the run stops.
+    with task_scope(conn, task, "learner", cfg,
+                    lambda e: {"buffer_id": task["buffer_id"], "fatal": bool(getattr(e, "fatal", False))}):
+        return _run_learner(conn, cfg, task)
 
 
 

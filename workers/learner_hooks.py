@@ -1,17 +1,24 @@
 """Learner hooks: code run at ``before_run`` / ``before_iter`` / ``after_iter`` / ``after_run``.
 
 As the seed's learner_hook module: each hook has a name, a position and a priority (lower runs
-first); :func:`build_hooks` makes the standard ones from ``learner.hook`` config.
+first); :func:`build_hooks` makes the standard ones from ``learner.hook`` config. The hooks of
+parallel mode (publishing the policy, learner_info events, run phases, data-source feedback, a
+learner group's state broadcast) are built by the learner task (workers/learner.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import redis
+
+from common import events, phases
 
 if TYPE_CHECKING:
-    from workers.learner import BaseLearner
+    from workers.ddp import LearnerGroup
+    from workers.learner import BaseLearner, PolicyPublisher
 
 POSITIONS = ("before_run", "before_iter", "after_iter", "after_run")
 
@@ -76,6 +83,77 @@ class LogShowHook(LearnerHook):
                 learner.tb_logger.add_scalar(f"learner_iter/{k}", v, learner.train_iter)
                 learner.tb_logger.add_scalar(f"learner_step/{k}", v, learner.collector_envstep)
         learner.log_buffer["scalar"] = defaultdict(list)
+
+
+class PublishPolicyHook(LearnerHook):
+    """Publish collector weights before the run and every ``send_policy_freq`` iterations."""
+
+    def __init__(self, publisher: PolicyPublisher, position: str, freq: int,
+                 envstep_limit: Callable[[int], int]) -> None:
+        super().__init__(f"publish_policy_{position}", position, priority=30, freq=freq)
+        self._publisher, self._limit = publisher, envstep_limit
+
+    def __call__(self, learner: BaseLearner) -> None:
+        self._publisher.publish(learner.policy.get_weights(), learner.train_iter, self._limit(learner.train_iter),
+                                learner.collector_envstep)
+
+
+class PhaseHook(LearnerHook):
+    """Note when the hook first runs (:attr:`at`, unix seconds), e.g. ``first_train_step`` after
+    the first train iteration, and with ``record`` write it as run phase ``phase``
+    (common/phases.py); a no-op after that."""
+
+    def __init__(self, conn: redis.Redis, exp: str, phase: str, position: str, priority: int,
+                 record: bool = True) -> None:
+        super().__init__(f"phase_{phase}_{position}", position, priority=priority)
+        self._conn, self._exp, self._phase, self._record = conn, exp, phase, record
+        self.at: Optional[float] = None
+
+    def __call__(self, learner: BaseLearner) -> None:
+        if self.at is None:
+            self.at = time.time()
+            if self._record:
+                phases.record(self._conn, self._exp, self._phase, self.at)
+
+
+class FeedbackHook(LearnerHook):
+    """Hand the last iteration's ``priority_info`` to the data source (prioritized replay)."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__("source_feedback_after_iter", "after_iter", priority=10)
+        self._source = source
+
+    def __call__(self, learner: BaseLearner) -> None:
+        self._source.feedback(learner.priority_info)
+
+
+class BroadcastStateHook(LearnerHook):
+    """Learner groups: after a checkpoint is loaded (priority 20) and before the first publication
+    (30), every rank takes rank 0's policy state, so all ranks start identical."""
+
+    def __init__(self, group: LearnerGroup) -> None:
+        super().__init__("broadcast_state_before_run", "before_run", priority=25)
+        self._group = group
+
+    def __call__(self, learner: BaseLearner) -> None:
+        self._group.broadcast_state(learner.policy)
+
+
+class SendInfoHook(LearnerHook):
+    """Send ``learner_info`` events (train iter, env steps, buffer and throughput figures)."""
+
+    def __init__(self, conn: redis.Redis, exp: str, task_id: str, freq: int, stats: Callable[[], dict[str, Any]]) -> None:
+        super().__init__("send_info_after_iter", "after_iter", priority=60, freq=freq)
+        self._conn, self._exp, self._task_id, self._stats = conn, exp, task_id, stats
+
+    def __call__(self, learner: BaseLearner) -> None:
+        info = {k: v for k, v in learner.learn_info.items() if isinstance(v, (int, float, bool, str))}
+        stats = self._stats()
+        info.update(stats)
+        events.emit(self._conn, self._exp, "learner_info", self._task_id, "learner", **info)
+        if learner.tb_logger is not None:  # policy lag, stale data, buffer figures against train_iter
+            for k, v in stats.items():
+                learner.tb_logger.add_scalar(f"learner_info/{k}", v, learner.train_iter)
 
 
 def build_hooks(hook_cfg: Any) -> list[LearnerHook]:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import threading
 import uuid
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import redis
 from easydict import EasyDict
 
-from common import keys, lease
+from common import events, keys, lease
 from common.config import ConfigError, compile_config
 from common.policy import algorithm_of
 from common.connection import connect
@@ -188,6 +189,24 @@ def check_current(conn: redis.Redis, task: dict) -> None:
     if not lease.held(conn, exp, tid):
         raise StaleTask(f"task {tid}: no lease ({keys.lease(exp, tid)}): it was never dispatched, or it was "
                         "declared dead and replaced")
+
+
+@contextlib.contextmanager
+def task_scope(conn: redis.Redis, task: dict, kind: str, cfg: EasyDict,
+               failure_fields: Callable[[Exception], dict[str, Any]]) -> Iterator[None]:
+    """The body of a job function: the task's heartbeat runs throughout (``commander.heartbeat_timeout``
+    seconds of TTL), and an error is reported as a ``failed`` event of ``kind`` naming the task, with
+    ``failure_fields(error)`` beside its text, then re-raised so RQ marks the job failed. A
+    :class:`TaskError` is re-raised unreported: this process is not the task's runner."""
+    exp, task_id = task_namespace(task), task["task_id"]
+    try:
+        with Heartbeat(conn, exp, task_id, cfg.commander.heartbeat_timeout):
+            yield
+    except TaskError:
+        raise
+    except Exception as e:
+        events.emit(conn, exp, "failed", task_id, kind, error=f"{type(e).__name__}: {e}"[:2000], **failure_fields(e))
+        raise
 
 
 def stop_requested(conn: redis.Redis, exp: str) -> bool:

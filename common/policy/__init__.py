@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from easydict import EasyDict
 
+from common.config import DEFAULT_ALGORITHM
 from common.policy.base import Algorithm, Policy
 
 # name -> package whose __init__ (torch-free) defines ``ALGORITHM``
@@ -50,7 +51,7 @@ def get_algorithm(name: str) -> Algorithm:
 def algorithm_of(cfg: EasyDict) -> Algorithm:
     """The algorithm a compiled config names (``cfg.create.policy.type``)."""
     create = cfg.get("create") or {}
-    return get_algorithm(create.get("policy", {}).get("type", "dqn"))
+    return get_algorithm(create.get("policy", {}).get("type", DEFAULT_ALGORITHM))
 
 
 def create_policy(cfg: EasyDict, spec: Any, modes: tuple[str, ...] = ("learn", "collect", "eval"),
@@ -59,9 +60,17 @@ def create_policy(cfg: EasyDict, spec: Any, modes: tuple[str, ...] = ("learn", "
 
     Raises:
         KeyError: unknown policy type.
+        TypeError: the class is not a :class:`Policy` subclass, leaves one of its abstract methods
+            out, or skips ``Policy.__init__`` (the attributes the workers read would be missing).
     """
     module, _, cls = algorithm_of(cfg).policy_class.partition(":")
-    return getattr(importlib.import_module(module), cls)(cfg, spec, modes, device)
+    policy = getattr(importlib.import_module(module), cls)(cfg, spec, modes, device)
+    if not isinstance(policy, Policy):
+        raise TypeError(f"{module}:{cls} does not subclass common.policy.base.Policy, the contract the workers rely on")
+    missing = [a for a in ("cfg", "spec", "modes", "device") if not hasattr(policy, a)]
+    if missing:
+        raise TypeError(f"{module}:{cls} has no {', '.join(missing)}: its __init__ must call Policy.__init__")
+    return policy
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "Policy", "algorithm_of", "create_policy", "get_algorithm", "register_algorithm"]

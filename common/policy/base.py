@@ -103,6 +103,13 @@ class Policy(ABC):
         modes: which of ``learn`` / ``collect`` / ``eval`` to build; collectors never build
             optimisers, eval never builds target networks.
         device: torch device name; default ``cuda`` when ``policy.cuda`` and CUDA exists, else ``cpu``.
+
+    Attributes the workers read (set here: a subclass calls ``super().__init__``):
+        cfg, spec, modes: the arguments.
+        device: the ``torch.device`` the networks live on (checkpoints are loaded onto it).
+
+    Raises:
+        ValueError: an unknown mode.
     """
 
     def __init__(self, cfg: EasyDict, spec: SpaceSpec, modes: tuple[str, ...] = MODES,
@@ -110,9 +117,12 @@ class Policy(ABC):
         unknown = set(modes) - set(MODES)
         if unknown:
             raise ValueError(f"unknown policy modes {sorted(unknown)}; known: {MODES}")
+        from common.device import pick_device  # torch: the torch-free Algorithm side never builds a Policy
+
         self.cfg = cfg
         self.spec = spec
         self.modes = tuple(modes)
+        self.device = pick_device(cfg, device)
 
     @abstractmethod
     def schema(self) -> Schema:
@@ -163,3 +173,40 @@ class Policy(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""
+
+    def optimizers(self) -> list[Any]:
+        """Learn mode: every ``torch.optim.Optimizer`` that :meth:`learn` steps. A data-parallel
+        learner group averages gradients before each one's step (workers/ddp.py), so one left out
+        would train each rank apart. The default finds them among the policy's attributes and in
+        the dicts, lists and tuples those hold; override it when they live elsewhere."""
+        import torch
+
+        return list({id(v): v for _, v in _members(self) if isinstance(v, torch.optim.Optimizer)}.values())
+
+    def modules(self) -> dict[str, Any]:
+        """Every ``torch.nn.Module`` of the policy by name (``model``, ``target_model``, ...), whose
+        gradients and weights are checked for NaN / inf after each train iteration
+        (common/finite.py). Found like :meth:`optimizers`; override it when they live elsewhere."""
+        import torch
+
+        found: dict[str, Any] = {}
+        seen: set[int] = set()
+        for name, v in _members(self):
+            if isinstance(v, torch.nn.Module) and id(v) not in seen:
+                seen.add(id(v))
+                found[name] = v
+        return found
+
+
+def _members(policy: Policy) -> list[tuple[str, Any]]:
+    """``policy``'s attributes (a leading ``_`` dropped from the name) and the values of the dicts,
+    lists and tuples among them (``name.key`` / ``name.i``)."""
+    out: list[tuple[str, Any]] = []
+    for name, value in vars(policy).items():
+        name = name.lstrip("_")
+        out.append((name, value))
+        if isinstance(value, dict):
+            out += [(f"{name}.{k}", v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            out += [(f"{name}.{i}", v) for i, v in enumerate(value)]
+    return out

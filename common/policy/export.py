@@ -23,24 +23,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.config import to_plain
+from common.policy import algorithm_of
 from common.spaces import SpaceSpec
 
 FORMAT = "rqrl-policy/1"
 
 
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
-
-
 def from_weights(cfg: Any, spec: SpaceSpec, weights: dict[str, np.ndarray], train_iter: int) -> dict[str, Any]:
     """The ``final.pt`` dict for ``weights`` (``Policy.get_weights()`` output) of config ``cfg``."""
-    algorithm = (cfg.get("create") or {}).get("policy", {}).get("type", "dqn")
-    return {"format": FORMAT, "algorithm": algorithm, "train_iter": int(train_iter), "env_id": cfg.env.env_id,
-            "spaces": spec.to_dict(), "config": _plain(cfg),
+    return {"format": FORMAT, "algorithm": algorithm_of(cfg).name, "train_iter": int(train_iter),
+            "env_id": cfg.env.env_id, "spaces": spec.to_dict(), "config": to_plain(cfg),
             "weights": {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in weights.items()}}
 
 

@@ -97,7 +97,7 @@ class Bench:
             c = Collector(cfg, task, comm)
             t0 = time.perf_counter()
             info = c.run()
-            return info["step_count"] / (time.perf_counter() - t0)
+            return info["env_steps"] / (time.perf_counter() - t0)
 
         def bare() -> float:
             # The same vector env, policy net, batch and n-step packing, with no Redis at all. Both

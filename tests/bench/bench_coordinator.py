@@ -63,7 +63,7 @@ EXP = "bench_coord/b"  # the run's key namespace: exp_name bench_coord, run name
 
 
 def _finish_info(i: int) -> dict:
-    return {"real_episode_count": 40, "step_count": 1000, "avg_time_per_episode": 0.1, "avg_step_per_episode": 25.0,
+    return {"real_episode_count": 40, "env_steps": 1000, "avg_time_per_episode": 0.1, "avg_step_per_episode": 25.0,
             "avg_time_per_step": 0.0004, "reward_mean": 25.0, "reward_std": 5.0, "train_iter": i, "policy_version": i,
             "eval_flag": False,
             "duration": 1.0, "buffer_id": "sim"}

@@ -85,7 +85,7 @@ class ImageBench(Bench):
             c = Collector(cfg, task, RedisCommCollector(self.conn, task, 600))
             t0 = time.perf_counter()  # the run: policy fetch, reset, rollout, chunks sent
             info = c.run()
-            return info["step_count"] / (time.perf_counter() - t0)
+            return info["env_steps"] / (time.perf_counter() - t0)
 
         def bare() -> float:
             p = make_policy(cfg, ("collect",))

@@ -57,7 +57,7 @@ def test_collector_survives_corrupt_and_wrongly_typed_policy(real_redis, redis_s
     t.join(timeout=120)
     assert "error" not in out, out.get("error")
     info = out["info"]
-    assert info["policy_version"] == 2 and info["step_count"] >= 1200
+    assert info["policy_version"] == 2 and info["env_steps"] >= 1200
     assert info["policy_errors"] >= 2
     text = caplog.text
     assert f"skipping unreadable policy {key}" in text and "WRONGTYPE" in text

@@ -87,10 +87,10 @@ def test_a_trimmed_stream_is_reported(real_redis, small_cfg, tmp_path, redis_ser
     assert "warning: rqrl:test_exp/r1:events" in curve.stderr and "trimmed" in curve.stderr, curve.stderr
     # The coordinator sees the same when it has not read what was removed.
     coord = Coordinator(small_cfg, real_redis, tmp_path, run_name="r1")
-    coord._last_event_id = real_redis.xrange(keys.events(exp))[0][0].decode()
-    coord._check_events_trimmed()
-    assert not coord.events_lost  # what was removed was older than what it read
-    coord._last_event_id = "1-0"
-    coord._check_events_trimmed()
-    assert "was trimmed past the last event read" in coord.events_lost
+    coord.event_reader.last_id = real_redis.xrange(keys.events(exp))[0][0].decode()
+    coord.event_reader.check_trimmed()
+    assert not coord.event_reader.lost  # what was removed was older than what it read
+    coord.event_reader.last_id = "1-0"
+    coord.event_reader.check_trimmed()
+    assert "was trimmed past the last event read" in coord.event_reader.lost
     coord.tb.close()

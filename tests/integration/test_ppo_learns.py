@@ -56,7 +56,7 @@ def test_ppo_trains_cartpole_and_rqrl_eval_plays_it(tmp_path, redis_server):
     # final.pt holds exactly the weights the converging eval played (the eval task's own report).
     evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
     converged = next(e for e in evals if e["task_id"] == summary["final_eval_task"])
-    assert bundle["train_iter"] == converged["train_iter"]
+    assert bundle["train_iter"] == converged["policy_version"]
     _, mean = _eval(out / "final.pt", tmp_path)
     print(f"rqrl eval of the PPO final.pt (train_iter {bundle['train_iter']}): {mean:.1f}")
     assert mean > 50  # trained (an untrained greedy policy scores ~10)
@@ -89,7 +89,7 @@ def test_dqn_trains_acrobot_with_actions_read_from_the_env_and_rqrl_eval_plays_i
     # final.pt is the policy version the converging eval played and its confirmation replayed.
     evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
     converged = next(e for e in evals if e["task_id"] == summary["final_eval_task"])
-    assert bundle["train_iter"] == converged["train_iter"] == summary["final_policy_version"]
+    assert bundle["train_iter"] == converged["policy_version"] == summary["final_policy_version"]
     _, mean = _eval(out / "final.pt", tmp_path, episodes=5)
     print(f"rqrl eval of the Acrobot final.pt (train_iter {bundle['train_iter']}): {mean:.1f}")
     assert mean > -300  # trained: an untrained policy scores -500 (it never reaches the line)

@@ -38,7 +38,7 @@ def debug_redis(redis_exe):
 
 def _next_pass(c: Coordinator) -> list[tuple[str, str]]:
     """The next liveness pass's verdict (the thread hands one list per pass)."""
-    return c._dead.get(timeout=30)  # a hang guard only: a pass comes every second
+    return c.liveness.dead.get(timeout=30)  # a hang guard only: a pass comes every second
 
 
 def test_a_redis_stall_longer_than_the_heartbeat_timeout_kills_no_task(debug_redis, small_cfg, tmp_path):
@@ -53,12 +53,11 @@ def test_a_redis_stall_longer_than_the_heartbeat_timeout_kills_no_task(debug_red
     c.commander.get_learner_task()
     task = c.commander.get_collector_task()
     tid = task["task_id"]
-    c.running[tid] = {"task": task, "kind": "collector", "started": True}
+    c.tasks.running[tid] = {"task": task, "kind": "collector", "started": True}
     beat_key = keys.heartbeat(c.exp, tid)
     worker = connect(debug_redis.url)
     worker.set(beat_key, "w", px=1500)
-    thread = threading.Thread(target=c._liveness_thread, daemon=True)
-    thread.start()
+    c.liveness.start()
     try:
         assert _next_pass(c) == []  # the task's heartbeat is fresh
         # The whole server sleeps 3 s: the heartbeat (1.5 s TTL) expires and nobody can write.
@@ -85,8 +84,7 @@ def test_a_redis_stall_longer_than_the_heartbeat_timeout_kills_no_task(debug_red
                 break
         assert [t for t, _ in dead] == [tid] and "heartbeat lost" in dead[0][1]
     finally:
-        c._stop_liveness.set()
-        thread.join(timeout=10)
+        c.liveness.stop()
         c.tb.close()
         worker.close()
         conn.close()
@@ -106,18 +104,18 @@ def _passing_eval_run(conn, cfg, tmp_path) -> tuple[str, bytes]:
     task = cm.get_collector_task()
     while not task["eval_flag"]:
         task = cm.get_collector_task()
-    c1.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    c1.tasks.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
     weights = f"weights of {task['task_id']}".encode()
     blobstore.put_versioned(conn, keys.evaluated_policy(c1.exp, task["task_id"]), weights, 5)
-    c1._route({"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": True,
-               "buffer_id": task["buffer_id"], "policy_version": 5, "real_episode_count": 4, "step_count": 800,
-               "avg_time_per_step": 0.001, "reward_mean": 200.0, "reward_std": 1.0, "avg_step_per_episode": 200.0,
-               "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0})
+    c1.router.route({"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": True,
+                     "buffer_id": task["buffer_id"], "policy_version": 5, "real_episode_count": 4, "env_steps": 800,
+                     "avg_time_per_step": 0.001, "reward_mean": 200.0, "reward_std": 1.0, "avg_step_per_episode": 200.0,
+                     "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0})
     c1._persist(conn.pipeline(transaction=True)).execute()
-    c1._export_best()
+    c1.wrapup.export_best()
     c1._persist(conn.pipeline(transaction=True)).execute()  # the loop's next write records best.pt's eval
     assert (c1.out / "best.pt").read_bytes() == weights
-    c1.lock.release()
+    c1.ownership.release()
     c1.tb.close()
     return "r1", weights
 
@@ -258,9 +256,9 @@ def test_only_the_eval_bundles_that_can_still_be_exported_stay_in_redis(real_red
     the best (best.pt), the one under confirmation and the converged one (final.pt); the eval
     list in Redis is capped (evals.jsonl keeps every eval)."""
     from common import blobstore
-    from coordinator import daemon
+    from coordinator import eval_log
 
-    monkeypatch.setattr(daemon, "_EVALS_KEPT", 3, raising=False)
+    monkeypatch.setattr(eval_log, "_EVALS_KEPT", 3)
     cfg = EasyDict(copy.deepcopy(small_cfg))
     cfg.env.stop_value = 195.0
     cfg.commander.update(collector_task_space=2, eval_every_train_iter=1, eval_interval=0.0,
@@ -276,12 +274,12 @@ def test_only_the_eval_bundles_that_can_still_be_exported_stay_in_redis(real_red
         while not task["eval_flag"]:
             task = cm.get_collector_task()
         tid = task["task_id"]
-        c.running[tid] = {"task": task, "kind": "collector", "started": True}
+        c.tasks.running[tid] = {"task": task, "kind": "collector", "started": True}
         blobstore.put_versioned(real_redis, keys.evaluated_policy(c.exp, tid), f"weights of {tid}".encode(),
                                 cm.train_iter)
         ev = {"type": "finished", "task_id": tid, "task_type": "collector", "eval_flag": True,
               "buffer_id": task["buffer_id"], "policy_version": cm.train_iter, "real_episode_count": 20,
-              "step_count": 800, "avg_time_per_step": 0.001, "reward_mean": reward, "reward_std": 1.0,
+              "env_steps": 800, "avg_time_per_step": 0.001, "reward_mean": reward, "reward_std": 1.0,
               "avg_step_per_episode": 200.0, "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0,
               "confirmation": bool(task.get("eval_policy_key"))}
         real_redis.xadd(keys.events(c.exp), {k: json.dumps(v) if not isinstance(v, str) else v for k, v in ev.items()})
@@ -304,7 +302,7 @@ def test_only_the_eval_bundles_that_can_still_be_exported_stay_in_redis(real_red
     assert (c.out / "best.pt").read_bytes() == f"weights of {all_evals[3]}".encode()
     assert real_redis.llen(keys.evals(c.exp)) == 3
     assert len((c.out / "evals.jsonl").read_text().splitlines()) == 5
-    c.lock.release()
+    c.ownership.release()
     c.tb.close()
 
 
@@ -385,10 +383,10 @@ def test_a_limit_hit_mid_run_is_the_stop_reason(redis_exe, small_cfg, tmp_path):
         cfg.commander.update(collector_task_space=2, max_wall_seconds=120)
         c = Coordinator(cfg, conn, tmp_path, run_name="r1")
         task = c.commander.get_learner_task()
-        c.running[task["task_id"]] = {"task": task, "kind": "learner", "started": True}
-        c._route({"type": "failed", "task_id": task["task_id"], "task_type": "learner",
-                  "error": "ResponseError: Protocol error: invalid bulk length"})
-        assert "Redis proto-max-bulk-len (1.0 MB, 1048576 bytes) is below a value this run writes" in c._fatal
+        c.tasks.running[task["task_id"]] = {"task": task, "kind": "learner", "started": True}
+        c.router.route({"type": "failed", "task_id": task["task_id"], "task_type": "learner",
+                        "error": "ResponseError: Protocol error: invalid bulk length"})
+        assert "Redis proto-max-bulk-len (1.0 MB, 1048576 bytes) is below a value this run writes" in c.router.fatal
         c.tb.close()
 
         c = Coordinator(cfg, conn, tmp_path, run_name="r2")
@@ -441,14 +439,14 @@ def test_rqs_abandoned_job_verdict_never_fails_a_task_whose_heartbeat_is_fresh(r
         started = wait_event(real_redis, c.exp, lambda e: e["type"] == "started", timeout=60)
         tid = started["task_id"]  # running: waiting for the learner's first policy, heartbeat beating
         c._process_events(block_ms=100)
-        assert c.running[tid]["started"]
+        assert c.tasks.running[tid]["started"]
         # What the skewed worker's maintenance does with the live task's job.
         StartedJobRegistry(keys.COLLECTOR_QUEUE, connection=real_redis, serializer=TaskSerializer).cleanup(
             timestamp=time.time() + 7200)
         verdict = wait_event(real_redis, c.exp, lambda e: e["type"] == "failed", timeout=30)
         assert verdict["source"] == "rq_on_failure" and verdict["task_id"] == tid
         c._process_events(block_ms=100)
-        assert tid in c.running, "RQ's verdict overrode a fresh heartbeat"
+        assert tid in c.tasks.running, "RQ's verdict overrode a fresh heartbeat"
         # The same verdict about a task whose heartbeat is gone fails it.
         real_redis.delete(keys.heartbeat(c.exp, tid))
         from common import events as events_mod
@@ -456,11 +454,11 @@ def test_rqs_abandoned_job_verdict_never_fails_a_task_whose_heartbeat_is_fresh(r
         events_mod.emit(real_redis, c.exp, "failed", tid, "collector", error="AbandonedJobError: ",
                         source="rq_on_failure")
         c._process_events(block_ms=100)
-        assert tid not in c.running
+        assert tid not in c.tasks.running
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
-        c.lock.release()
+        c.ownership.release()
         c.tb.close()
 
 
@@ -472,7 +470,7 @@ def test_a_workers_clock_off_redis_is_named_and_run_times_use_one_clock(real_red
     from unittest import mock
 
     from common import events as events_mod
-    from coordinator.daemon import eval_record
+    from coordinator.eval_log import eval_record
     from coordinator.status import collect_status, render
 
     exp = keys.namespace("skew_exp", "r1")
@@ -487,9 +485,9 @@ def test_a_workers_clock_off_redis_is_named_and_run_times_use_one_clock(real_red
     assert "this machine's clock is +7200" in caplog.text
     c._process_events(block_ms=100)
     assert "worker w-ahead's clock is +7200" in caplog.text
-    c._write_summary(running=True)
+    c.wrapup.write_summary(running=True)
     assert "clocks off Redis's: w-ahead +7200.0 s" in render(collect_status(real_redis, exp))
     record = eval_record({"task_id": "t1", "ts": real_t() + 7200}, "run", 0, 1.0)
     assert abs(record["time"] - real_t()) < 60
-    c.lock.release()
+    c.ownership.release()
     c.tb.close()

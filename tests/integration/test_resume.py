@@ -49,7 +49,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
     new = [json.loads(x) for x in evals_after[len(evals_before):]]
     old_last = json.loads(evals_before[-1])
     assert all(e["run_id"] == before["run_id"] for e in new)
-    assert all(e["train_iter"] >= point["ckpt_train_iter"] and e["envstep"] >= old_last["envstep"] for e in new)
+    assert all(e["policy_version"] >= point["ckpt_train_iter"] and e["envstep"] >= old_last["envstep"] for e in new)
     assert wait_gone(str(tmp_path), in_cwd=True) == []  # curve.png is drawn after rqrl train returned
     assert (run / "curve.png").is_file() and (run / "final.pt").is_file()
 

@@ -111,7 +111,7 @@ def test_many_machines_recipe_keeps_every_record_in_the_coordinators_run_folder(
     assert "iter 20:" in learner_log and "iter 40:" in learner_log, learner_log[-2000:]
     tags = set(EventAccumulator(str(run / "tensorboard")).Reload().Tags()["scalars"])
     assert {"learner_iter/total_loss", "learner_step/total_loss", "learner_info/policy_lag_p50",
-            "collector_iter/step_count", "evaluator_iter/reward_mean"} <= tags, sorted(tags)
+            "collector_iter/env_steps", "evaluator_iter/reward_mean"} <= tags, sorted(tags)
     assert len(list((run / "tensorboard").iterdir())) == 1  # one event file: one TensorBoard run
     assert [Path(d).resolve() for d in GetLogdirSubdirectories(str(head / exp / "tensorboard"))] == [
         (run / "tensorboard").resolve()]

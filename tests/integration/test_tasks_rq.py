@@ -56,12 +56,12 @@ def test_collector_and_learner_through_rq_workers(setup):
         assert collector.returncode == 0, out
         finished = wait_event(conn, exp, lambda e: e["type"] == "finished" and e["task_type"] == "collector", 10)
         assert finished["task_id"] == collector_task["task_id"]
-        assert finished["step_count"] >= cfg.policy.collect.collector.task_env_steps
+        assert finished["env_steps"] >= cfg.policy.collect.collector.task_env_steps
 
         meta = [streams.decode_fields(f) for _, f in conn.xrange(keys.buffer_meta(exp, collector_task["buffer_id"]))]
         assert meta, "no metadata on the buffer stream"
         sent = sum(m["n_samples"] for m in meta)
-        assert sum(m["env_steps"] for m in meta) == finished["step_count"]
+        assert sum(m["env_steps"] for m in meta) == finished["env_steps"]
         # The collector acted with weights the learner kept publishing while it ran.
         iters = [m["policy_version"] for m in meta]
         assert min(iters) >= 0 and max(iters) > min(iters), iters

@@ -196,21 +196,6 @@ def test_task_space_release_without_acquire():
         TaskSpace(0, 3).release_space()
 
 
-def test_task_space_increase_decrease():
-    ts = TaskSpace(0, 1)
-    ts.acquire_space()
-    ts.increase_space()
-    assert ts.acquire_space() and not ts.acquire_space()
-    ts.decrease_space()
-    ts.decrease_space()
-    ts.decrease_space()  # never below min_val
-    assert ts.max_val == 0
-    ts.release_space()
-    ts.release_space()
-    assert not ts.acquire_space()
-    assert ts.state_dict() == {"min_val": 0, "max_val": 0, "cur": 0}
-
-
 def test_task_space_resize_keeps_running_tasks():
     ts = TaskSpace(0, 3)
     assert ts.acquire_space() and ts.acquire_space() and ts.acquire_space()
@@ -222,13 +207,6 @@ def test_task_space_resize_keeps_running_tasks():
     assert ts.acquire_space() and not ts.acquire_space()
     ts.resize(-2)  # never below min_val
     assert ts.max_val == 0
-
-
-def test_task_space_residual():
-    ts = TaskSpace(0, 3)
-    ts.acquire_space()
-    assert ts.get_residual_space() == 2
-    assert not ts.acquire_space()
 
 
 @pytest.mark.parametrize("lo, hi", [(-1, 1), (3, 2)])
@@ -355,7 +333,7 @@ def test_versioned_roundtrip_small(fake_redis):
     assert meta["version"] == "3" and meta["train_iter"] == "3" and meta["format"] == "x"
     assert meta["nbytes"] == "5" and meta["n_chunks"] == "1"
     assert not any(k.startswith("chunk:") for k in meta)
-    assert blobstore.get_version(fake_redis, "k") == 3
+    assert int(fake_redis.hget("k", "version")) == 3
 
 
 def test_versioned_empty_payload(fake_redis):
@@ -385,7 +363,7 @@ def test_versioned_replace_drops_old_chunks(fake_redis, monkeypatch):
 
 
 def test_get_version_and_get_versioned_missing(fake_redis):
-    assert blobstore.get_version(fake_redis, "none") is None
+    assert fake_redis.hget("none", "version") is None
     assert blobstore.get_versioned(fake_redis, "none") is None
 
 
@@ -411,13 +389,9 @@ def test_size_mismatch_raises_blob_error(fake_redis):
     assert "rqrl:e:ckpt:latest" in str(ei.value) and "99" in str(ei.value)
 
 
-def test_put_data_ttl_and_get_many(fake_redis):
-    blobstore.put_data(fake_redis, "d1", b"one", 100)
-    pipe = fake_redis.pipeline()
-    blobstore.put_data(pipe, "d2", b"two", 50)
-    pipe.execute()
-    assert 0 < fake_redis.ttl("d1") <= 100
-    assert 0 < fake_redis.ttl("d2") <= 50
+def test_get_many(fake_redis):
+    fake_redis.set("d1", b"one", ex=100)
+    fake_redis.set("d2", b"two", ex=50)
     assert blobstore.get_many(fake_redis, ["d1", "missing", "d2"]) == [b"one", None, b"two"]
     assert blobstore.get_many(fake_redis, []) == []
 
@@ -426,13 +400,13 @@ def test_put_data_ttl_and_get_many(fake_redis):
 
 def test_emit_and_parse_roundtrip(fake_redis):
     eid = events.emit(fake_redis, "e1", "finished", "collector_task_abc", "collector", eval_flag=True,
-                      reward_mean=12.5, step_count=100)
+                      reward_mean=12.5, env_steps=100)
     entries = fake_redis.xrange(keys.events("e1"))
     assert entries[0][0] == eid
     ev = events.parse(keys.events("e1"), eid, entries[0][1])
     assert ev["type"] == "finished" and ev["task_id"] == "collector_task_abc"
     assert ev["task_type"] == "collector" and ev["eval_flag"] is True
-    assert ev["reward_mean"] == 12.5 and ev["step_count"] == 100
+    assert ev["reward_mean"] == 12.5 and ev["env_steps"] == 100
     assert abs(ev["ts"] - time.time()) < 60
 
 

@@ -366,7 +366,7 @@ def test_publish_policy_roundtrip_and_announcement(fake_redis):
     for k in weights:
         np.testing.assert_array_equal(back[k], weights[k])
         assert back[k].dtype == np.float32
-    assert blobstore.get_version(fake_redis, keys.policy(EXP, "policy_1")) == 42
+    assert int(fake_redis.hget(keys.policy(EXP, "policy_1"), "version")) == 42
     msg = ps.get_message(timeout=1.0)
     assert msg is not None and msg["data"] == b"42 1234"
     ps.close()
@@ -390,7 +390,7 @@ def test_publish_policy_with_lease(fake_redis):
     with pytest.raises(LeaseRevoked, match=LEASE):
         publish_policy(fake_redis, EXP, "policy_2", {"b": np.zeros(3, np.float32)}, train_iter=6,
                        envstep_limit=60, lease_key=LEASE)
-    assert blobstore.get_version(fake_redis, keys.policy(EXP, "policy_2")) == 5
+    assert int(fake_redis.hget(keys.policy(EXP, "policy_2"), "version")) == 5
     assert ps.get_message(timeout=0.2) is None
     ps.close()
 
@@ -405,7 +405,7 @@ def test_save_checkpoint_with_revoked_lease_writes_nothing(fake_redis):
         save_checkpoint(fake_redis, EXP, "latest", {"w": torch.zeros(2)}, train_iter=2, lease_key=LEASE)
     loaded = load_checkpoint(fake_redis, EXP, "latest")
     assert torch.equal(loaded["w"], torch.ones(2))
-    assert blobstore.get_version(fake_redis, keys.ckpt(EXP, "latest")) == 1
+    assert int(fake_redis.hget(keys.ckpt(EXP, "latest"), "version")) == 1
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -423,7 +423,7 @@ def test_checkpoint_roundtrip(fake_redis, small_cfg):
     state = {"policy": policy.state_dict(), "train_iter": 7, "envstep": 512}
     nbytes = save_checkpoint(fake_redis, EXP, "latest", state, train_iter=7)
     assert nbytes > 0
-    assert blobstore.get_version(fake_redis, keys.ckpt(EXP, "latest")) == 7
+    assert int(fake_redis.hget(keys.ckpt(EXP, "latest"), "version")) == 7
     loaded = load_checkpoint(fake_redis, EXP, "latest")
     assert loaded["train_iter"] == 7 and loaded["envstep"] == 512
     assert loaded["policy"]["updates"] == 1

@@ -52,11 +52,11 @@ def make(small_cfg, clock=None, tb=None, **commander):
     return create_commander(cfg, clock=clock or FakeClock(), tb_logger=tb, run_id="run_x")
 
 
-def finished(task, *, step_count=100, reward_mean=10.0, train_iter=0, avg_step_per_episode=25.0,
+def finished(task, *, env_steps=100, reward_mean=10.0, train_iter=0, avg_step_per_episode=25.0,
              avg_time_per_episode=0.5, avg_time_per_step=0.02, episodes=4, reward_std=1.0):
     return {
         "task_id": task["task_id"], "eval_flag": task["eval_flag"], "buffer_id": task["buffer_id"],
-        "policy_version": train_iter, "real_episode_count": episodes, "step_count": step_count,
+        "policy_version": train_iter, "real_episode_count": episodes, "env_steps": env_steps,
         "avg_step_per_episode": avg_step_per_episode, "avg_time_per_step": avg_time_per_step,
         "avg_time_per_episode": avg_time_per_episode, "reward_mean": reward_mean, "reward_std": reward_std,
     }
@@ -181,24 +181,6 @@ def test_workers_joining_and_leaving_resize_the_space(small_cfg):
     assert t is not None and not t["eval_flag"] and c.get_collector_task() is None
 
 
-def test_increase_decrease_collector_task_space(small_cfg):
-    c = make(small_cfg, collector_task_space=1)
-    c.get_learner_task()
-    t1 = c.get_collector_task()
-    assert t1 and c.get_collector_task() is None
-    c.increase_collector_task_space()
-    assert c.summary()["collector_task_space"] == 2
-    t2 = c.get_collector_task()
-    assert t2 is not None and c.get_collector_task() is None
-    c.decrease_collector_task_space()
-    assert c.summary()["collector_task_space"] == 1
-    c.finish_collector_task(t1["task_id"], finished(t1))
-    # Still one running on a capacity of one: no new task.
-    assert c.get_collector_task() is None
-    c.finish_collector_task(t2["task_id"], finished(t2))
-    assert c.get_collector_task() is not None
-
-
 def test_task_dicts_are_plain_and_pickle(small_cfg):
     c = make(small_cfg)
     lt = c.get_learner_task()
@@ -228,7 +210,7 @@ def test_finish_collector_task_logs_unswapped_averages(small_cfg):
     c = make(small_cfg, tb=tb)
     c.get_learner_task()
     t = c.get_collector_task()
-    c.finish_collector_task(t["task_id"], finished(t, step_count=300, train_iter=12, avg_step_per_episode=37.5,
+    c.finish_collector_task(t["task_id"], finished(t, env_steps=300, train_iter=12, avg_step_per_episode=37.5,
                                                    avg_time_per_episode=0.125, avg_time_per_step=0.004))
     assert tb.scalars("collector_iter/avg_step_per_episode") == [(37.5, 12)]
     assert tb.scalars("collector_iter/avg_time_per_episode") == [(0.125, 12)]
@@ -293,7 +275,7 @@ def test_eval_triggers_on_env_steps(small_cfg):
     c.update_learner_info("l", {"train_iter": 1, "collector_envstep": 999})
     t = c.get_collector_task()
     assert t["eval_flag"] is False
-    c.finish_collector_task(t["task_id"], finished(t, step_count=0))
+    c.finish_collector_task(t["task_id"], finished(t, env_steps=0))
     c.update_learner_info("l", {"train_iter": 2, "collector_envstep": 1000})
     ev = c.get_collector_task()
     assert ev["eval_flag"] is True
@@ -301,9 +283,18 @@ def test_eval_triggers_on_env_steps(small_cfg):
     # Env steps from finished collector tasks count too.
     t = c.get_collector_task()
     assert t["eval_flag"] is False
-    c.finish_collector_task(t["task_id"], finished(t, step_count=2000))
+    c.finish_collector_task(t["task_id"], finished(t, env_steps=2000))
     assert c.total_envstep == 2000
     assert c.get_collector_task()["eval_flag"] is True
+
+
+def test_an_older_collectors_step_count_still_counts_as_its_env_steps(small_cfg):
+    c = make(small_cfg)
+    c.get_learner_task()
+    t = c.get_collector_task()
+    old = {k: v for k, v in finished(t).items() if k != "env_steps"}
+    c.finish_collector_task(t["task_id"], dict(old, step_count=700))
+    assert c.total_envstep == 700
 
 
 def test_eval_triggers_on_wall_time(small_cfg):
@@ -376,8 +367,8 @@ def test_eval_finish_records_last_eval(small_cfg):
     assert c.last_eval["reward_mean"] == 12.5
     assert c.last_eval["envstep"] == 77
     s = c.summary()
-    assert s["last_eval_reward_mean"] == 12.5 and s["last_eval_train_iter"] == 4
-    # An eval task's step_count does not count as collected env steps.
+    assert s["last_eval_reward_mean"] == 12.5 and s["last_eval_policy_version"] == 4
+    # An eval task's env_steps does not count as collected env steps.
     assert c.total_envstep == 77
 
 
@@ -548,7 +539,7 @@ def test_finished_collector_tasks_are_counted_not_kept(small_cfg):
     c.get_learner_task()
     for _ in range(300):
         t = c.get_collector_task()
-        c.finish_collector_task(t["task_id"], finished(t, step_count=1))
+        c.finish_collector_task(t["task_id"], finished(t, env_steps=1))
     assert c.total_envstep == 300
     assert len(json.dumps(c.state_dict())) < 5000  # nothing grows with the number of tasks
 
@@ -568,9 +559,9 @@ def test_total_envstep_is_max_of_both_sources(small_cfg):
     c.get_learner_task()
     assert c.total_envstep == 0
     t = c.get_collector_task()
-    c.finish_collector_task(t["task_id"], finished(t, step_count=256))
+    c.finish_collector_task(t["task_id"], finished(t, env_steps=256))
     t = c.get_collector_task()
-    c.finish_collector_task(t["task_id"], finished(t, step_count=256))
+    c.finish_collector_task(t["task_id"], finished(t, env_steps=256))
     assert c.total_envstep == 512
     c.update_learner_info("l", {"train_iter": 1, "collector_envstep": 300})
     assert c.total_envstep == 512  # finished sum larger
@@ -588,7 +579,7 @@ def test_collect_setting_eps_decreases_with_env_steps(small_cfg):
         c.update_learner_info("l", {"train_iter": 1, "collector_envstep": envstep})
         t = c.get_collector_task()
         eps.append(t["collect_setting"]["eps"])
-        c.finish_collector_task(t["task_id"], finished(t, step_count=0))
+        c.finish_collector_task(t["task_id"], finished(t, env_steps=0))
     assert eps[0] == pytest.approx(small_cfg.policy.other.eps.start)
     assert all(a > b for a, b in zip(eps, eps[1:]))
     assert eps[-1] >= small_cfg.policy.other.eps.end

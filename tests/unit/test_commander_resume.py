@@ -23,9 +23,9 @@ class Clock:
         return self.t
 
 
-def finished(task, step_count=100, reward_mean=10.0, train_iter=150):
+def finished(task, env_steps=100, reward_mean=10.0, train_iter=150):
     return {"task_id": task["task_id"], "eval_flag": task["eval_flag"], "buffer_id": task["buffer_id"],
-            "policy_version": train_iter, "real_episode_count": 4, "step_count": step_count,
+            "policy_version": train_iter, "real_episode_count": 4, "env_steps": env_steps,
             "avg_step_per_episode": 25.0, "avg_time_per_step": 0.02, "avg_time_per_episode": 0.5,
             "reward_mean": reward_mean, "reward_std": 1.0}
 
@@ -52,7 +52,7 @@ def test_restored_commander_continues_exactly_like_the_original(small_cfg):
     c2 = a.get_collector_task()
     assert ev["eval_flag"] and not c1["eval_flag"] and not c2["eval_flag"]
     assert a.get_collector_task() is None  # both collector slots taken
-    a.finish_collector_task(c1["task_id"], finished(c1, step_count=300))
+    a.finish_collector_task(c1["task_id"], finished(c1, env_steps=300))
     a.notify_fail_learner_task(learner)  # the learner died: its replacement must resume
     clock.t += 5
 

@@ -40,18 +40,18 @@ def test_liveness_pass_finds_dead_tasks_and_the_loop_fails_them(tmp_path, fake_r
     cm.get_learner_task()
     alive, silent, queued, gone = (cm.get_collector_task() for _ in range(4))
     for t, started in ((alive, True), (silent, True), (queued, False), (gone, False)):
-        c.running[t["task_id"]] = {"task": t, "kind": "collector", "started": started}
+        c.tasks.running[t["task_id"]] = {"task": t, "kind": "collector", "started": started}
     fake_redis.set(keys.heartbeat(c.exp, alive["task_id"]), "w:1")
     fake_redis.hset(Job.key_for(queued["task_id"]), "status", "queued")
-    dead = dict(c._find_dead())
+    dead = dict(c.liveness.find_dead())
     assert set(dead) == {silent["task_id"], gone["task_id"]}
     assert "heartbeat lost" in dead[silent["task_id"]] and "RQ job is gone" in dead[gone["task_id"]]
     # A task that finished between the pass and the loop applying it is left alone.
-    del c.running[gone["task_id"]]
+    del c.tasks.running[gone["task_id"]]
     cm.notify_fail_collector_task(gone)
-    c._dead.put(list(dead.items()))
+    c.liveness.dead.put(list(dead.items()))
     c._apply_dead()
-    assert set(c.running) == {alive["task_id"], queued["task_id"]}
+    assert set(c.tasks.running) == {alive["task_id"], queued["task_id"]}
     assert cm.summary()["collector_tasks_running"] == 2
     assert not fake_redis.hexists(keys.tasks(c.exp), silent["task_id"])
     c.tb.close()
@@ -66,7 +66,7 @@ def test_task_records_are_persisted_without_the_config(tmp_path, fake_redis, sma
     records = {k.decode(): json.loads(v) for k, v in fake_redis.hgetall(keys.tasks(c.exp)).items()}
     assert len(records) == 3  # the learner and two collectors (three workers, one kept for evals)
     assert all("config" not in r["task"] and r["task"]["task_id"] == t for t, r in records.items())
-    assert all("config" in e["task"] for e in c.running.values())  # the jobs still carry it
+    assert all("config" in e["task"] for e in c.tasks.running.values())  # the jobs still carry it
     c.tb.close()
 
 

@@ -14,7 +14,7 @@ T0 = 1_700_000_000.0
 
 def points(n=5):
     return [{"envstep": 1000 * (i + 1), "reward_mean": 20.0 * (i + 1), "reward_std": 3.0, "time": T0 + 30 * i,
-             "train_iter": 200 * (i + 1)} for i in range(n)]
+             "policy_version": 200 * (i + 1)} for i in range(n)]
 
 
 def check_png(path, size=(1200, 450)):
@@ -123,9 +123,9 @@ def fill_stream(conn, exp="cp"):
 
 
 EXPECTED = [
-    {"envstep": 0, "reward_mean": 9.5, "reward_std": 0.5, "time": T0 + 1, "train_iter": 0},
-    {"envstep": 100, "reward_mean": 20.0, "reward_std": 2.0, "time": T0 + 4, "train_iter": 50},
-    {"envstep": 500, "reward_mean": 150.0, "reward_std": 12.5, "time": T0 + 8, "train_iter": 250},
+    {"envstep": 0, "reward_mean": 9.5, "reward_std": 0.5, "time": T0 + 1, "policy_version": 0},
+    {"envstep": 100, "reward_mean": 20.0, "reward_std": 2.0, "time": T0 + 4, "policy_version": 50},
+    {"envstep": 500, "reward_mean": 150.0, "reward_std": 12.5, "time": T0 + 8, "policy_version": 250},
 ]
 
 
@@ -203,7 +203,7 @@ def test_curve_from_a_run_folder_needs_no_redis(tmp_path, monkeypatch, capsys):
     run = tmp_path / "cp"
     run.mkdir()
     rows = [{"task_id": f"e{i}", "envstep": 100 * i, "reward_mean": 10.0 * i, "reward_std": 1.0,
-             "time": T0 + i, "train_iter": 5 * i} for i in range(1, 4)]
+             "time": T0 + i, "policy_version": 5 * i} for i in range(1, 4)]
     (run / "evals.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in rows + rows[-1:]))  # a duplicate line
     (run / "summary.json").write_text(_json.dumps({"stop_value": 25.0}))
     points, t0, stop = evals_from_folder(run)

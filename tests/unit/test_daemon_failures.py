@@ -11,7 +11,7 @@ from coordinator.daemon import Coordinator
 
 def _finish_info(task, reward=10.0):
     return {"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": task["eval_flag"],
-            "buffer_id": task["buffer_id"], "policy_version": 0, "real_episode_count": 4, "step_count": 100,
+            "buffer_id": task["buffer_id"], "policy_version": 0, "real_episode_count": 4, "env_steps": 100,
             "avg_step_per_episode": 25.0, "avg_time_per_step": 0.01, "avg_time_per_episode": 0.2,
             "reward_mean": reward, "reward_std": 1.0}
 
@@ -23,16 +23,16 @@ def test_a_learner_failing_every_time_is_not_hidden_by_finishing_collectors(tmp_
     cm = c.commander
     for i in range(3):
         learner = cm.get_learner_task()
-        c.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
+        c.tasks.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
         collector = cm.get_collector_task()
-        c.running[collector["task_id"]] = {"task": collector, "kind": "collector", "started": True}
-        c._route({"type": "failed", "task_id": learner["task_id"], "task_type": "learner", "error": "boom"})
-        c._route(_finish_info(collector))
-    assert c._failures_in_a_row == {"collector": 0, "learner": 3}
+        c.tasks.running[collector["task_id"]] = {"task": collector, "kind": "collector", "started": True}
+        c.router.route({"type": "failed", "task_id": learner["task_id"], "task_type": "learner", "error": "boom"})
+        c.router.route(_finish_info(collector))
+    assert c.tasks.failures_in_a_row == {"collector": 0, "learner": 3}
     # A learner that reports progress is not failing in a row any more.
     learner = cm.get_learner_task()
-    c.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
-    c._route({"type": "learner_info", "task_id": learner["task_id"], "task_type": "learner", "train_iter": 5,
+    c.tasks.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
+    c.router.route({"type": "learner_info", "task_id": learner["task_id"], "task_type": "learner", "train_iter": 5,
               "collector_envstep": 100})
-    assert c._failures_in_a_row["learner"] == 0
+    assert c.tasks.failures_in_a_row["learner"] == 0
     c.tb.close()

@@ -9,6 +9,7 @@ def test_a_coordinator_that_ended_without_a_summary_has_its_last_words_shown(tmp
     url = "redis://:s3cret@127.0.0.1:1/0"
     launcher = object.__new__(Launcher)  # only what the closing block reads
     launcher.log_dir, launcher.ns, launcher.url = tmp_path, "exp/r1", url
+    launcher.run_dir = tmp_path / "exp" / "r1"  # no summary.json there
     (tmp_path / "coordinator.log").write_text(
         "[12:00:00] INFO rqrl.coordinator: started\n\n"
         f"coordinator: run 'exp/r1' is owned by coordinator-h-1 (key rqrl:exp/r1:coordinator); {url}\n")

@@ -60,20 +60,20 @@ def test_the_coordinator_drops_a_lost_ranks_siblings_and_counts_only_rank_0s_fin
     cm = c.commander
     ranks = [cm.get_learner_task() for _ in range(2)]
     for t in ranks:
-        c.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
-    c._route({"type": "failed", "task_id": ranks[1]["task_id"], "task_type": "learner", "error": "killed"})
-    assert c.running == {} and set(c._drop_leases) == {t["task_id"] for t in ranks}
-    assert c._failures_in_a_row["learner"] == 1  # one loss, however many ranks it takes down
+        c.tasks.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
+    c.router.route({"type": "failed", "task_id": ranks[1]["task_id"], "task_type": "learner", "error": "killed"})
+    assert c.tasks.running == {} and set(c.tasks.drop_leases) == {t["task_id"] for t in ranks}
+    assert c.tasks.failures_in_a_row["learner"] == 1  # one loss, however many ranks it takes down
     # The replacement group; at the end rank 1's finish is bookkeeping, rank 0's ends the learner.
     new = [cm.get_learner_task() for _ in range(2)]
     for t in new:
-        c.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
+        c.tasks.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
     done = {"type": "finished", "task_type": "learner", "buffer_id": new[0]["buffer_id"], "train_iter": 7,
             "collector_envstep": 70, "learner_done": True}
-    c._route(dict(done, task_id=new[1]["task_id"]))
-    assert cm.summary()["learner_tasks_running"] == 1 and c.learner_last["train_iter"] == 0
-    c._route(dict(done, task_id=new[0]["task_id"]))
-    assert cm.summary()["learner_tasks_running"] == 0 and c.learner_last["train_iter"] == 7
+    c.router.route(dict(done, task_id=new[1]["task_id"]))
+    assert cm.summary()["learner_tasks_running"] == 1 and c.wrapup.learner_last["train_iter"] == 0
+    c.router.route(dict(done, task_id=new[0]["task_id"]))
+    assert cm.summary()["learner_tasks_running"] == 0 and c.wrapup.learner_last["train_iter"] == 7
     c.tb.close()
 
 
@@ -126,9 +126,9 @@ def test_two_ranks_dead_at_once_fail_their_group_once(tmp_path, fake_redis, smal
     c = Coordinator(_group_cfg(small_cfg), fake_redis, tmp_path)
     ranks = [c.commander.get_learner_task() for _ in range(2)]
     for t in ranks:  # started, and neither refreshes its heartbeat key
-        c.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
+        c.tasks.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
     c._check_liveness()
-    assert c.running == {} and c._failures_in_a_row["learner"] == 1
+    assert c.tasks.running == {} and c.tasks.failures_in_a_row["learner"] == 1
     assert c.commander.summary()["learner_tasks_running"] == 0
     assert c.commander.get_learner_task()["group_id"] != ranks[0]["group_id"]
     c.tb.close()

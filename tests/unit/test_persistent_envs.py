@@ -62,7 +62,7 @@ def test_episodes_ten_times_a_task_keep_their_length_across_tasks():
     finished = [i for i in infos if i["real_episode_count"]]
     assert sum(i["real_episode_count"] for i in infos) == 2 * (25 * 10 // 100)  # 2 envs x 2 whole episodes
     assert all(i["min_step_per_episode"] == i["max_step_per_episode"] == 100 for i in finished), finished
-    assert [i["step_count"] for i in infos] == [20] * 25
+    assert [i["env_steps"] for i in infos] == [20] * 25
 
 
 def test_without_kept_envs_every_task_cuts_its_episodes():
@@ -223,7 +223,7 @@ def test_an_eval_spreads_its_episodes_over_the_eval_envs():
         live.close()
     assert info["real_episode_count"] == 20 and lengths == [5] * 18 + [50] * 2, lengths
     assert Uneven.steps_taken == 4 * 50, Uneven.steps_taken
-    assert info["step_count"] == sum(lengths) and info["reward_mean"] == 9.5
+    assert info["env_steps"] == sum(lengths) and info["reward_mean"] == 9.5
 
 
 def test_a_task_that_finished_no_episode_sends_no_reward():

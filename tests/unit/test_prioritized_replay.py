@@ -401,7 +401,8 @@ def test_dqn_zero_weight_row_does_not_move_the_loss_or_the_update(small_cfg):
 
 def test_learner_train_feeds_dqn_td_errors_back_into_the_buffer(fake_redis, small_cfg, tmp_path):
     """BaseLearner.train -> priority_info -> FeedbackHook -> ReplayFeeder.feedback -> new leaves."""
-    from workers.learner import BaseLearner, FeedbackHook
+    from workers.learner import BaseLearner
+    from workers.learner_hooks import FeedbackHook
 
     cfg = EasyDict(copy.deepcopy(small_cfg))
     cfg.policy.other.replay_buffer.update(priority=True, priority_alpha=1.0, replay_buffer_size=64)

@@ -19,7 +19,8 @@ from gymnasium.wrappers import NormalizeObservation
 from common import blobstore, keys, streams
 from coordinator import curve
 from coordinator.commander import create_commander
-from coordinator.daemon import Coordinator, write_shipped_log
+from coordinator.daemon import Coordinator
+from coordinator.offload import write_shipped_log
 from coordinator.launcher import Progress
 from coordinator.status import collect_status, render
 from coordinator.sweep import run_curve, sweep_line
@@ -49,7 +50,7 @@ def finished(task, episodes, reward=None, legacy=False, policy_version=3):
     per-episode fields are absent; ``legacy``: an earlier collector's 0.0 with 0 episodes."""
     ev = {"type": "finished", "task_id": task["task_id"], "task_type": "collector", "eval_flag": task["eval_flag"],
           "buffer_id": task["buffer_id"], "policy_version": policy_version, "real_episode_count": episodes,
-          "step_count": 2824, "avg_time_per_step": 0.001, "ts": 1_700_000_000.0}
+          "env_steps": 2824, "avg_time_per_step": 0.001, "ts": 1_700_000_000.0}
     if reward is not None:
         ev.update(reward_mean=reward, reward_std=1.5, avg_step_per_episode=100.0, avg_time_per_episode=0.3)
     elif legacy:
@@ -100,7 +101,7 @@ def test_training_tasks_without_episodes_plot_no_reward(small_cfg):
     for legacy in (False, True):
         task = cm.get_collector_task()
         cm.finish_collector_task(task["task_id"], finished(task, 0, legacy=legacy))
-    assert {"collector_iter/step_count", "collector_iter/episode_count", "collector_iter/avg_time_per_step"} <= tb.tags()
+    assert {"collector_iter/env_steps", "collector_iter/episode_count", "collector_iter/avg_time_per_step"} <= tb.tags()
     assert not {t for t in tb.tags() if "reward" in t or "per_episode" in t}
     task = cm.get_collector_task()
     cm.finish_collector_task(task["task_id"], finished(task, 2, reward=-500.0))
@@ -119,9 +120,9 @@ def test_a_confirmation_eval_that_finished_no_episode_does_not_converge(small_cf
 
 
 def _route(c, ev):
-    c._route(ev)
+    c.router.route(ev)
     c._persist(c.conn.pipeline(transaction=True)).execute()
-    c._export_best()
+    c.wrapup.export_best()
 
 
 def test_the_coordinator_records_a_phantom_eval_with_episodes_0_and_no_reward(tmp_path, fake_redis, small_cfg, capsys):
@@ -131,7 +132,7 @@ def test_the_coordinator_records_a_phantom_eval_with_episodes_0_and_no_reward(tm
     tasks = []
     for reward, episodes in ((-80.0, 5), (None, 0)):
         task = _eval_task(cm)
-        c.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+        c.tasks.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
         blobstore.put_versioned(fake_redis, keys.evaluated_policy(c.exp, task["task_id"]),
                                 f"weights of {task['task_id']}".encode(), 3)
         _route(c, finished(task, episodes, reward=reward))
@@ -340,7 +341,7 @@ def test_the_progress_clock_and_counters_start_where_the_run_is(small_cfg, tmp_p
     assert 129.0 <= float(line.split(" / 195 | ", 1)[1].split()[0]) <= 140.0  # 100 s before + 30 s since the launch
     c = Coordinator(_cfg(small_cfg), fakeredis_conn(), tmp_path, run_name="clock", started_at=launch)
     try:
-        assert 29.0 <= c._write_summary()["wall_seconds"] <= 40.0
+        assert 29.0 <= c.wrapup.write_summary()["wall_seconds"] <= 40.0
     finally:
         c.tb.close()
 
@@ -362,18 +363,18 @@ def test_a_resumed_runs_curve_counts_no_pause(tmp_path, small_cfg):
     cm = first.commander
     cm.get_learner_task()
     task = _eval_task(cm)
-    first.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    first.tasks.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
     _route(first, dict(finished(task, 5, reward=-90.0), ts=now - 3600.0))  # played an hour ago, at 100 s of run time
     blobstore.put_versioned(first.conn, keys.ckpt(first.exp, "latest"), b"ckpt", 7)
-    first._save_resume_point()
+    first.resume_point.save(first.run_id, first.t0)
     first.tb.close()
-    first.lock.release()
+    first.ownership.release()
     # An hour later, the private Redis gone: --resume from the folder.
     second = Coordinator(_cfg(small_cfg), fakeredis_conn(), tmp_path, run_name="r1", resume=True, started_at=now)
     second._claim()
     cm = second.commander
     task = _eval_task(cm)
-    second.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    second.tasks.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
     _route(second, dict(finished(task, 5, reward=-70.0), ts=now))
     second.tb.close()
     walls = [json.loads(ln)["wall_seconds"] for ln in (tmp_path / "test_exp" / "r1" / "evals.jsonl").read_text().splitlines()]
@@ -426,7 +427,7 @@ def test_a_tasks_log_lines_and_scalars_reach_the_run_folder_as_one_tensorboard_r
     c = Coordinator(_cfg(small_cfg), fake_redis, tmp_path, run_name="r1")
     c._claim()
     learner = c.commander.get_learner_task()
-    c.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
+    c.tasks.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
     log = shipped_logger(fake_redis, c.exp, learner["task_id"], "learner", "learner")
     log.info("iter 100: total_loss=0.5")
     log.warning("checkpoint latest saved")
@@ -485,7 +486,7 @@ def test_a_converged_run_exports_the_weights_its_eval_played_not_the_learners_la
     cm.get_learner_task()
     blobstore.put_versioned(fake_redis, keys.ckpt(c.exp, "final_model"), b"the learner's latest weights", 9)
     task = _eval_task(cm)
-    c.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
+    c.tasks.running[task["task_id"]] = {"task": task, "kind": "collector", "started": True}
     blobstore.put_versioned(fake_redis, keys.evaluated_policy(c.exp, task["task_id"]), b"the evaluated weights", 3)
     _route(c, finished(task, 5, reward=-10.0))
     assert cm.end_flag

@@ -348,7 +348,7 @@ def test_collector_task_produces_schema_rows_the_policy_learns_from(env_id, algo
     setting = {"eps": 0.5} if algo == "dqn" else {"rollout_rows": 16}
     task = {"eval_flag": False, "seed": 0, "task_id": "t1", "collect_setting": setting, "envstep": 0}
     info = Collector(cfg, task, comm).run()
-    assert info["step_count"] == 64
+    assert info["env_steps"] == 64
     assert comm.sent and sum(m["env_steps"] for m in comm.meta) == 64
     schema = learner.schema()
     for arrays in comm.sent:

@@ -32,7 +32,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from easydict import EasyDict
 
-from common.device import pick_device
 from common.policy import nets
 from common.policy.base import Policy, Schema
 from common.policy.nstep import NStepAdder
@@ -82,7 +81,6 @@ class DQNPolicy(Policy):
         if isinstance(self._eval_eps, bool) or not isinstance(self._eval_eps, (int, float)) \
                 or not 0.0 <= self._eval_eps <= 1.0:
             raise ValueError(f"config key 'policy.eval.eps' must be in [0, 1], got {self._eval_eps!r}")
-        self.device = pick_device(cfg, device)
         self.model = QNetwork(spec, list(p.model.hidden_size_list), p.model.dueling, p.model).to(self.device)
         if "learn" in self.modes:
             self.target_model = nets.frozen_copy(self.model)

@@ -48,7 +48,6 @@ import torch.nn as nn
 from easydict import EasyDict
 from torch.distributions import Categorical, Normal
 
-from common.device import pick_device
 from common.policy import nets
 from common.policy.base import Policy, Schema
 from common.spaces import SpaceSpec
@@ -104,7 +103,6 @@ class PPOPolicy(Policy):
     def __init__(self, cfg: EasyDict, spec: SpaceSpec, modes: tuple[str, ...] = ("learn", "collect", "eval"),
                  device: Optional[str] = None) -> None:
         super().__init__(cfg, spec, modes, device)
-        self.device = pick_device(cfg, device)
         self.model = ActorCritic(spec, cfg.policy.model).to(self.device)
         self.continuous = self.model.continuous
         if spec.action_kind == "box":

@@ -34,7 +34,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from easydict import EasyDict
 
-from common.device import pick_device
 from common.policy import nets
 from common.policy.base import Policy, Schema
 from common.policy.nstep import NStepAdder
@@ -107,7 +106,6 @@ class SACPolicy(Policy):
             raise SpaceError(f"env {spec.env_id!r} has a Discrete action space; SAC needs Box actions "
                              "(use create_config.policy.type='dqn' or 'ppo')")
         p = cfg.policy
-        self.device = pick_device(cfg, device)
         self._low = np.asarray(spec.action_low, np.float32)
         self._high = np.asarray(spec.action_high, np.float32)
         self.model = ActingModel(spec, list(p.model.actor_hidden_size_list), p.model).to(self.device)
