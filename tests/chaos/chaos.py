@@ -63,6 +63,7 @@ class Chaos:
         self.exp_name = f"chaos_s{seed}"
         self.exp = f"{self.exp_name}/chaos"  # the run's namespace (--run-name chaos): keys and folder
         self.redis_restart, self.oom, self.oom_hold, self.stall, self.wipe = redis_restart, oom, oom_hold, stall, wipe
+        self.oom_done = False  # the OOM stopped the first run: the rerun has the real stop value
         self.process_kills = process_kills
         aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if redis_restart else []
         exe = find_redis_server()
@@ -87,8 +88,11 @@ class Chaos:
         log.close()
 
     def _coordinator_argv(self) -> list[str]:
+        # A run the OOM will stop cannot converge first (its faults would go untried): its stop
+        # value is out of reach; the operator's rerun has the real one.
+        stop_value = 1e9 if self.oom and not self.oom_done else self.stop_value
         return [sys.executable, "-m", "coordinator", CONFIG, "--seed", str(self.seed),
-                "--run-name", "chaos", "--set", f"exp_name={self.exp_name}", "--set", f"env.stop_value={self.stop_value}",
+                "--run-name", "chaos", "--set", f"exp_name={self.exp_name}", "--set", f"env.stop_value={stop_value}",
                 # A cap: a killed worker counts in RQ's registry until its key expires (~90 s).
                 "--set", f"commander.collector_task_space={self.n_collectors}",
                 "--set", "policy.collect.collector.task_env_steps=2000",
@@ -293,6 +297,7 @@ class Chaos:
         self.accounting.append(self._chunks(summary.get("buffer_id", "")))
         # The operator raises the limit and starts the run again.
         self.conn.config_set("maxmemory", 0)
+        self.oom_done = True
         self._start("coordinator", self._coordinator_argv())
         self.rerun_t0 = time.monotonic()
         # The rerun is under way once its coordinator cleared the stopped run's keys (the stop flag).
@@ -323,15 +328,15 @@ class Chaos:
         for i in range(self.n_collectors + 1):  # one more, kept free for evals
             self._worker(f"collector{i}", keys.COLLECTOR_QUEUE)
         # The learner goes first, right after its first checkpoint: killed later, the run may converge
-        # before its death is detected, and its resume would go unchecked. The rest in seeded order.
-        # The coordinator next, and Redis out of memory early, while the run is far from converging:
-        # it stops that run and the rest of the schedule hits the operator's rerun.
+        # before its death is detected, and its resume would go unchecked. The coordinator next, the
+        # stall, then the collector kills and the Redis restart in seeded order. Redis out of memory
+        # comes after them: it stops a run that could not converge before it (_coordinator_argv),
+        # and the operator's rerun from scratch is what must converge; the wipe last (it ends that
+        # rerun, which resumes).
         rest = ["collector"] * self.collector_kills + (["redis"] if self.redis_restart else [])
         self.rng.shuffle(rest)
-        # The stall first among the Redis faults; the wipe last (it ends the run, which resumes).
         plan = [*(["learner", "coordinator"] if self.process_kills else []), *(["stall"] if self.stall else []),
-                *(["oom"] if self.oom else []),
-                *rest, *(["wipe"] if self.wipe else [])]
+                *rest, *(["oom"] if self.oom else []), *(["wipe"] if self.wipe else [])]
         try:
             self._wait(lambda: self.train_iter() >= 200, 120)  # a checkpoint exists before any kill
             for step in plan:
