@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -350,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     children and private Redis are gone: the interpreter's teardown of torch's modules would
     add about a second (measured, 2 cores) to every run and has nothing left to clean up.
     """
+    if argv is None:
+        # Started by a script's `rqrl ... &`, the process inherits SIGINT ignored, and Python then
+        # installs no KeyboardInterrupt: Ctrl-C / kill -INT must still stop any rqrl command.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)
