@@ -18,7 +18,7 @@ import redis
 from rq import Queue
 from rq.job import Job, JobStatus
 
-from common import keys, worker_presence
+from common import keys, redis_memory, worker_presence
 from coordinator.stall import StallGuard
 
 
@@ -73,6 +73,14 @@ class Liveness:
                 # the same Redis errors and handles them
                 self.log.warning("liveness pass failed: %s: %s", type(e).__name__, e)
 
+    def _redis_full(self) -> bool:
+        """Redis is at its ``maxmemory`` (within 1 %): writes that need memory are refused."""
+        try:
+            mem = redis_memory.memory_info(self.conn)
+        except redis.RedisError:
+            return False
+        return mem["max"] > 0 and mem["used"] >= 0.99 * mem["max"]
+
     def find_dead(self) -> list[tuple[str, str]]:
         """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
 
@@ -92,10 +100,14 @@ class Liveness:
         if self.stall.stall_s:
             self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
                              self.stall.stall_s, self.heartbeat_timeout)
-        if trusted:
+        missing = [t for t, beat in zip(started, beats) if beat is None]
+        if trusted and missing and self._redis_full():
+            # A full noeviction Redis refuses the heartbeat writes of live workers: the run's
+            # OOM stop follows, and no worker died.
+            self.log.warning("%d heartbeat(s) missing while Redis is full: not counted as worker deaths", len(missing))
+        elif trusted:
             dead += [(t, f"heartbeat lost (no {keys.heartbeat(self.exp, t)} for "
-                         f"{self.heartbeat_timeout} s): the worker process died")
-                     for t, beat in zip(started, beats) if beat is None]
+                         f"{self.heartbeat_timeout} s): the worker process died") for t in missing]
         if waiting:
             pipe = self.conn.pipeline(transaction=False)
             for t in waiting:
