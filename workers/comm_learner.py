@@ -74,6 +74,9 @@ class BufferReader(threading.Thread):
         self._batch = batch
         self._block_ms = block_ms
         self._halt = threading.Event()
+        # Held from a batch's ack to its counting, so that once stop() returned the counters agree
+        # with what this reader acked in the stats hash (the learner's closing report reads them).
+        self._counting = threading.Lock()
         self.env_steps = 0
         self.chunks = 0
         self.expired = 0
@@ -93,7 +96,11 @@ class BufferReader(threading.Thread):
         self.env_steps_base = int(conn.hget(self._stats_key, "env_steps") or 0)
 
     def stop(self) -> None:
+        """Ack and count no further batch; a batch being acked is counted before this returns.
+        Entries read after this stay pending for this consumer (the next learner claims them)."""
         self._halt.set()
+        with self._counting:
+            pass
 
     def consumed_env_steps(self) -> int:
         """Env steps of every chunk consumed from this buffer by any learner (the stats hash)."""
@@ -240,7 +247,18 @@ class BufferReader(threading.Thread):
             plan.append((entry_id, key, env_steps, "consumed"))
         if not plan:
             return
-        first = ack_chunks(self._conn, self._lease, self._stream, self._stats_key, keys.LEARNER_GROUP, plan)
+        with self._counting:
+            if self._halt.is_set():
+                return
+            first = ack_chunks(self._conn, self._lease, self._stream, self._stats_key, keys.LEARNER_GROUP, plan)
+            inserted = self._count(plan, first, metas, chunks, again)
+        if inserted:
+            self._on_data()
+
+    def _count(self, plan: list[tuple[bytes, str, int, str]], first: list[int], metas: dict[bytes, dict[str, Any]],
+               chunks: dict[bytes, Any], again: set[bytes]) -> bool:
+        """Insert the chunks whose ack was a first consumption and count every entry of ``plan``
+        by status; True when a chunk was inserted."""
         inserted = False
         for (entry_id, _, env_steps, status), new in zip(plan, first):
             if not new:
@@ -261,8 +279,7 @@ class BufferReader(threading.Thread):
                 inserted = True
             else:
                 setattr(self, status, getattr(self, status) + 1)
-        if inserted:
-            self._on_data()
+        return inserted
 
 
 def publish_policy(conn: redis.Redis, exp: str, policy_id: str, weights: dict[str, Any], train_iter: int,

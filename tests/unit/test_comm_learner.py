@@ -287,6 +287,36 @@ def test_reader_thread_end_to_end(fake_redis):
     assert not reader.is_alive()
 
 
+def test_counters_read_after_stop_agree_with_the_acks(fake_redis):
+    """The learner's closing report reads the counters right after stop(), while the reader may
+    still hold a batch it read: that batch is not acked (it stays pending, for the next learner),
+    so the report never counts fewer chunks than Redis counts consumed (the Sentinel test caught
+    17 reported against 18 acked)."""
+    reading, release = threading.Event(), threading.Event()
+
+    class SlowCheck(ReplayBuffer):
+        def check(self, chunk, what):
+            reading.set()
+            assert release.wait(5.0)
+            return super().check(chunk, what)
+
+    fake_redis.set(LEASE, "1")
+    buf = SlowCheck(100, SCHEMA)
+    reader = BufferReader(fake_redis, EXP, BUF, TASK, buf, LOG, lambda: None, LEASE, block_ms=20)
+    reader.start()
+    try:
+        send(fake_redis, "late_1", serialization.dumps(make_chunk(4, 2.0)), n_samples=4, env_steps=4)
+        assert reading.wait(5.0)
+        reader.stop()
+        reported = reader.chunks
+    finally:
+        release.set()
+        reader.join(5.0)
+    assert not reader.is_alive()
+    assert stats(fake_redis).get("consumed", 0) == reported == reader.chunks == 0
+    assert pending(fake_redis) == 1 and len(buf) == 0
+
+
 def test_reader_thread_claims_orphans_of_dead_learner(fake_redis):
     # A previous learner read two entries and died before acking them.
     send(fake_redis, "orphan_1", serialization.dumps(make_chunk(2, 7.0)), n_samples=2, env_steps=2)
