@@ -89,6 +89,18 @@ def parse(stream: str, entry_id: bytes, raw: dict[bytes, bytes]) -> dict[str, An
     return ev
 
 
+def consumed_env_steps(info: dict[str, Any], default: int = 0) -> int:
+    """Env steps the learner had consumed, from a ``learner_info`` report or a learner checkpoint's
+    state (``default`` when it has none); those written before the field's rename carry the seed's
+    name ``collector_envstep`` (DI-engine's ``BaseLearner``).
+
+    Raises:
+        ValueError, TypeError: the field is not a number.
+    """
+    value = info.get("consumed_env_steps", info.get("collector_envstep"))
+    return default if value is None else int(value)
+
+
 def figure(ev: dict[str, Any], name: str) -> Optional[float]:
     """Field ``name`` of a decoded event (or of a record built from one) as a finite float, or
     None when there is no number: the field is absent, empty, not a number, NaN or infinite.

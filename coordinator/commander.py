@@ -23,7 +23,7 @@ The loop a commander serves (driven by coordinator/daemon.py)::
   because their space is released (the daemon asks for new tasks every loop);
 * the learner-info history is bounded instead of growing for the whole run;
 * env steps for the collect setting (an exploration schedule, say) also count the learner's
-  live ``collector_envstep``, so long collector tasks do not freeze the schedule until they finish.
+  live ``consumed_env_steps``, so long collector tasks do not freeze the schedule until they finish.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class SoloCommander(BaseCommander):
     @property
     def total_envstep(self) -> int:
         """Env steps collected so far: finished collector tasks, or the learner's live count if larger."""
-        return max(self._total_collector_env_step, int(self._learner_info[-1].get("collector_envstep", 0)))
+        return max(self._total_collector_env_step, events.consumed_env_steps(self._learner_info[-1]))
 
     @property
     def train_iter(self) -> int:
@@ -451,7 +451,7 @@ class SoloCommander(BaseCommander):
         self._resume_learner = True
 
     def update_learner_info(self, task_id: str, info: dict) -> None:
-        """Append a learner report (``train_iter``, ``collector_envstep``, ...) to the bounded history."""
+        """Append a learner report (``train_iter``, ``consumed_env_steps``, ...) to the bounded history."""
         self._learner_info.append(dict(info))
 
     def follow_collector_workers(self, workers: int) -> None:
@@ -532,7 +532,7 @@ class SoloCommander(BaseCommander):
             state[name]["cur"] = state[name]["min_val"]  # no task of the old run is running
         state.update(eval_in_flight=None, eval_own_slot=False, confirm=None, end_flag=False, final_task=None,
                      resume_learner=True,
-                     learner_info=[{"train_iter": train_iter, "collector_envstep": consumed_env_steps}])
+                     learner_info=[{"train_iter": train_iter, "consumed_env_steps": consumed_env_steps}])
         self.load_state_dict(state)
 
     # ------------------------------------------------------------------ inspection

@@ -160,14 +160,14 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
     Each ``finished`` event with ``eval_flag`` true is one point: ``reward_mean``,
     ``reward_std`` (absent when the eval finished no episode), ``time`` = its ``ts``,
     ``policy_version``; ``envstep`` is the
-    ``collector_envstep`` of the latest ``learner_info`` event before it (0 if none).
+    ``consumed_env_steps`` of the latest ``learner_info`` event before it (0 if none).
 
     Returns:
         ``(points, t0)``: points in stream order and the ``ts`` of the stream's first event
         (``None`` for an empty stream).
     """
     from common import keys, streams
-    from common.events import episode_figure
+    from common.events import consumed_env_steps, episode_figure
 
     stream = keys.events(exp)
     points: list[dict[str, Any]] = []
@@ -183,8 +183,11 @@ def evals_from_events(conn: Any, exp: str, page: int = 5000) -> tuple[list[dict[
             if t0 is None and isinstance(ts, (int, float)) and not isinstance(ts, bool):
                 t0 = float(ts)
             etype = ev.get("type")
-            if etype == "learner_info" and isinstance(ev.get("collector_envstep"), int):
-                envstep = int(ev["collector_envstep"])
+            if etype == "learner_info":
+                try:
+                    envstep = consumed_env_steps(ev, envstep)
+                except (TypeError, ValueError):
+                    pass  # a malformed report: the points keep the last count
             elif etype == "finished" and ev.get("eval_flag") is True:
                 tid = str(ev.get("task_id", entry_id))
                 if tid in seen:  # a task's duplicate report

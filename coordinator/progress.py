@@ -115,7 +115,7 @@ class Progress:
 
     def update(self, ev: dict[str, Any]) -> None:
         if ev.get("type") == "learner_info":
-            self.envstep = max(self.envstep, int(ev.get("collector_envstep", 0)))
+            self.envstep = max(self.envstep, events.consumed_env_steps(ev))
             self.train_iter = max(self.train_iter, int(ev.get("train_iter", 0)))
             ts = float(ev.get("ts", time.time()))
             self._reports.append((ts, self.envstep, self.train_iter))

@@ -28,7 +28,7 @@ def _throughput(conn: redis.Redis, exp: str, window_s: float = 60.0) -> dict[str
         return {"env_steps_per_s": 0.0, "train_iter_per_s": 0.0}
     a, b = infos[0], infos[-1]
     dt = max(1e-6, float(b["ts"]) - float(a["ts"]))
-    return {"env_steps_per_s": round((int(b["collector_envstep"]) - int(a["collector_envstep"])) / dt, 1),
+    return {"env_steps_per_s": round((events.consumed_env_steps(b) - events.consumed_env_steps(a)) / dt, 1),
             "train_iter_per_s": round((int(b["train_iter"]) - int(a["train_iter"])) / dt, 1)}
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import redis
 from easydict import EasyDict
 
-from common import blobstore, keys, lease, phases, serialization, streams
+from common import blobstore, events, keys, lease, phases, serialization, streams
 from common.finite import NonFiniteError, check_arrays
 from common.redis_memory import oom_reason
 from coordinator import closing
@@ -92,7 +92,7 @@ class WrapUp:
     def note_learner_finished(self, ev: dict[str, Any]) -> None:
         """Keep the figures of a learner's ``finished`` event (rank 0's) for summary.json."""
         self.learner_final = {k: ev[k] for k in _LEARNER_FIGURES if k in ev}
-        self.learner_last = {"train_iter": int(ev.get("train_iter", 0)), "envstep": int(ev.get("collector_envstep", 0))}
+        self.learner_last = {"train_iter": int(ev.get("train_iter", 0)), "envstep": events.consumed_env_steps(ev)}
 
     def export_best(self) -> None:
         """Keep ``best.pt`` = the best-evaluated weights so far (copied from what that eval played)."""

@@ -142,7 +142,7 @@ class BaseLearner:
             self.register_hook(hook)
         self._log_buffer: dict[str, Any] = {"scalar": defaultdict(list)}
         self._train_iter = 0
-        self._collector_envstep = 0
+        self._consumed_env_steps = 0
         self._end_flag = False
         self._learner_done = False
         self._priority_info: dict[str, Any] = {}
@@ -170,7 +170,7 @@ class BaseLearner:
             The policy's log vars (``priority``, if any, moved to :attr:`priority_info`).
         """
         if envstep >= 0:
-            self._collector_envstep = envstep
+            self._consumed_env_steps = envstep
         self.call_hook("before_iter")
         t0 = time.perf_counter()
         log_vars = self._policy.learn(data)
@@ -228,7 +228,7 @@ class BaseLearner:
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything a replacement learner needs: policy state, train_iter, collector env steps."""
         return {"policy": self._policy.state_dict(), "train_iter": self._train_iter,
-                "collector_envstep": self._collector_envstep}
+                "consumed_env_steps": self._consumed_env_steps}
 
     def save_checkpoint_now(self, name: str) -> None:
         """Save checkpoint ``name``; ``final`` also saves ``final_model`` (the acting weights with what
@@ -254,22 +254,22 @@ class BaseLearner:
             self._ckpt_name = None
 
     def load_checkpoint(self, name: str) -> bool:
-        """Restore policy, train_iter and collector_envstep from checkpoint ``name``; False if absent."""
+        """Restore policy, train_iter and consumed_env_steps from checkpoint ``name``; False if absent."""
         state = self._ckpt_store.load(name, self._policy.device)
         if state is None:
             self.info(f"no checkpoint {name!r} to load; starting fresh")
             return False
         self._policy.load_state_dict(state["policy"])
         self._train_iter = int(state["train_iter"])
-        self._collector_envstep = int(state["collector_envstep"])
-        self.info(f"loaded checkpoint {name!r}: train_iter {self._train_iter}, envstep {self._collector_envstep}")
+        self._consumed_env_steps = events.consumed_env_steps(state)
+        self.info(f"loaded checkpoint {name!r}: train_iter {self._train_iter}, envstep {self._consumed_env_steps}")
         return True
 
     # -- properties ----------------------------------------------------------------------------
     @property
     def learn_info(self) -> dict[str, Any]:
-        """Info for the commander: ``train_iter``, ``collector_envstep``, ``learner_done``."""
-        return {"train_iter": self._train_iter, "collector_envstep": self._collector_envstep,
+        """Info for the commander: ``train_iter``, ``consumed_env_steps``, ``learner_done``."""
+        return {"train_iter": self._train_iter, "consumed_env_steps": self._consumed_env_steps,
                 "learner_done": self._learner_done}
 
     @property
@@ -282,12 +282,12 @@ class BaseLearner:
         self._priority_info = value
 
     @property
-    def collector_envstep(self) -> int:
-        return self._collector_envstep
+    def consumed_env_steps(self) -> int:
+        return self._consumed_env_steps
 
-    @collector_envstep.setter
-    def collector_envstep(self, value: int) -> None:
-        self._collector_envstep = int(value)
+    @consumed_env_steps.setter
+    def consumed_env_steps(self, value: int) -> None:
+        self._consumed_env_steps = int(value)
 
     @property
     def train_iter(self) -> int:

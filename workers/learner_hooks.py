@@ -10,15 +10,42 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import redis
 
 from common import events, phases
 
-if TYPE_CHECKING:
-    from workers.ddp import LearnerGroup
-    from workers.learner import BaseLearner, PolicyPublisher
+
+class BaseLearner(Protocol):
+    """What a hook reads of and calls on the learner (workers/learner.py's BaseLearner, as the
+    seed's): its counters, loggers, policy and checkpoints."""
+
+    train_iter: int
+    consumed_env_steps: int  # env steps of the chunks the learner took in
+    ckpt_name: Optional[str]
+    tb_logger: Any  # a TensorBoard SummaryWriter, or None
+    log_buffer: dict[str, Any]  # "scalar": {name: [values since the last show]}
+    learn_info: dict[str, Any]
+    priority_info: dict[str, Any]
+    policy: Any  # common.policy.Policy
+
+    def info(self, s: str) -> None: ...
+    def load_checkpoint(self, name: str) -> bool: ...
+    def save_checkpoint_now(self, name: str) -> None: ...
+
+
+class PolicyPublisher(Protocol):
+    """workers/learner.py's publisher of collector weights."""
+
+    def publish(self, weights: dict[str, Any], train_iter: int, envstep_limit: int, envstep: int) -> None: ...
+
+
+class LearnerGroup(Protocol):
+    """workers/ddp.py's data-parallel learner group."""
+
+    def broadcast_state(self, policy: Any) -> None: ...
+
 
 POSITIONS = ("before_run", "before_iter", "after_iter", "after_run")
 
@@ -31,10 +58,10 @@ class LearnerHook:
             raise ValueError(f"hook {name!r}: position must be one of {POSITIONS}, got {position!r}")
         self.name, self.position, self.priority, self.freq = name, position, priority, max(1, int(freq))
 
-    def due(self, learner: "BaseLearner") -> bool:
+    def due(self, learner: BaseLearner) -> bool:
         return self.position != "after_iter" or learner.train_iter % self.freq == 0
 
-    def __call__(self, learner: "BaseLearner") -> None:
+    def __call__(self, learner: BaseLearner) -> None:
         raise NotImplementedError
 
 
@@ -45,7 +72,7 @@ class LoadCkptHook(LearnerHook):
         super().__init__("load_ckpt_before_run", "before_run", priority=20)
         self.ckpt_name = ckpt_name
 
-    def __call__(self, learner: "BaseLearner") -> None:
+    def __call__(self, learner: BaseLearner) -> None:
         learner.load_checkpoint(self.ckpt_name)
 
 
@@ -56,7 +83,7 @@ class SaveCkptHook(LearnerHook):
         name = "save_ckpt_after_run" if position == "after_run" else "save_ckpt_after_iter"
         super().__init__(name, position, priority=20, freq=freq)
 
-    def __call__(self, learner: "BaseLearner") -> None:
+    def __call__(self, learner: BaseLearner) -> None:
         if self.position == "after_run":
             learner.save_checkpoint_now(learner.ckpt_name or "final")
         learner.save_checkpoint_now("latest")
@@ -69,7 +96,7 @@ class LogShowHook(LearnerHook):
         super().__init__("log_show_after_iter", "after_iter", priority=40, freq=freq)
         self._last = time.time()
 
-    def __call__(self, learner: "BaseLearner") -> None:
+    def __call__(self, learner: BaseLearner) -> None:
         buf: dict[str, list[float]] = learner.log_buffer["scalar"]
         if not buf:
             return
@@ -81,7 +108,7 @@ class LogShowHook(LearnerHook):
         if learner.tb_logger is not None:
             for k, v in means.items():
                 learner.tb_logger.add_scalar(f"learner_iter/{k}", v, learner.train_iter)
-                learner.tb_logger.add_scalar(f"learner_step/{k}", v, learner.collector_envstep)
+                learner.tb_logger.add_scalar(f"learner_step/{k}", v, learner.consumed_env_steps)
         learner.log_buffer["scalar"] = defaultdict(list)
 
 
@@ -95,7 +122,7 @@ class PublishPolicyHook(LearnerHook):
 
     def __call__(self, learner: BaseLearner) -> None:
         self._publisher.publish(learner.policy.get_weights(), learner.train_iter, self._limit(learner.train_iter),
-                                learner.collector_envstep)
+                                learner.consumed_env_steps)
 
 
 class PhaseHook(LearnerHook):

@@ -53,6 +53,12 @@ _SWEEP_EVERY_S = 10.0
 _FULL_REDIS_RETRY_S = 5.0
 
 
+def redis_full(e: BaseException) -> bool:
+    """Whether ``e`` is a full ``noeviction`` Redis refusing a write: an ``OOM`` reply, or a
+    MULTI/EXEC aborted because a command in it got one."""
+    return isinstance(e, redis.OutOfMemoryError) or (isinstance(e, redis.exceptions.ExecAbortError) and "OOM" in str(e))
+
+
 class _RqrlWorker:
     """What both worker classes add to RQ's: a Redis client that retries connection errors and
     ``OOM`` replies with backoff (~10 s; stock RQ quits on the first refused write of its
@@ -102,6 +108,27 @@ class _RqrlWorker:
     def run_maintenance_tasks(self, *args: Any, **kwargs: Any) -> Any:
         return self._through_full_redis(super().run_maintenance_tasks, *args, **kwargs)
 
+    def check_for_suspension(self, *args: Any, **kwargs: Any) -> Any:
+        # Writes RQ's worker heartbeat in a MULTI/EXEC, which a full Redis aborts as a whole.
+        return self._through_full_redis(super().check_for_suspension, *args, **kwargs)
+
+    def execute_job(self, job: Any, queue: Any) -> Any:
+        """RQ's, but a job whose end RQ cannot record because Redis is full does not end the worker:
+        the task already reported its own end (or its heartbeat stops), which is what the
+        coordinator follows; only RQ's registry entry for the job is left behind."""
+        try:
+            return super().execute_job(job, queue)
+        except redis.RedisError as e:
+            if not redis_full(e):
+                raise
+            if getattr(self, "horse_pid", 0):  # a forked work-horse may still run the job
+                try:
+                    self.wait_for_horse()
+                except ChildProcessError:
+                    pass  # already reaped by RQ
+            self.log.warning("Worker %s: job %s ended while Redis is full (%s); RQ did not record its end",
+                             self.name, job.id, e)
+
     def _through_full_redis(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(...)``, tried again every :data:`_FULL_REDIS_RETRY_S` seconds while Redis answers
         ``OOM`` (after the client's own ~15 s of retries); a stop request (SIGTERM while idle)
@@ -110,7 +137,9 @@ class _RqrlWorker:
         while True:
             try:
                 result = fn(*args, **kwargs)
-            except redis.OutOfMemoryError as e:
+            except redis.RedisError as e:
+                if not redis_full(e):
+                    raise
                 if not waited:
                     self.log.warning("Worker %s: Redis is full (%s); waiting for room, retrying every %.0f s",
                                      self.name, e, _FULL_REDIS_RETRY_S)

@@ -157,7 +157,7 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
             it += 10
             # Env steps well ahead of the finished tasks' count, so the collect setting (epsilon of
             # the env steps, decaying over 1e12 of them here) changes with every report.
-            events.emit(c, EXP, "learner_info", tid, "learner", train_iter=it, collector_envstep=it * 1000)
+            events.emit(c, EXP, "learner_info", tid, "learner", train_iter=it, consumed_env_steps=it * 1000)
             with lock:
                 counts["events"] += 1
 
@@ -240,7 +240,7 @@ def run_scale(n_sims: int, seconds: float, task_seconds: float, burst: int, time
         pipe = conn.pipeline(transaction=False)
         for i in range(burst):
             pipe.xadd(stream, {"type": "learner_info", "task_id": tid, "task_type": "learner", "ts": "0",
-                               "train_iter": str(i), "collector_envstep": str(i)})
+                               "train_iter": str(i), "consumed_env_steps": str(i)})
         tb = time.perf_counter()
         ids = pipe.execute()
         last = stream_id(ids[-1])

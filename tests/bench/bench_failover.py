@@ -38,12 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 
 from common import keys, streams
 from common.connection import connect
 from tests.bench.stats import spread
-from tests.fixtures.sentinel import SentinelSet
+from tests.fixtures.sentinel import SentinelSet, stop_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
@@ -109,18 +108,7 @@ def one_run(seed: int, failover: bool, workdir: Path) -> dict[str, Any]:
                 out["death_to_first_chunk_s"] = (round(int(after_kill[0][0].decode().split("-")[0]) / 1000 - killed_at, 3)
                                                  if after_kill else None)
         finally:
-            if proc.poll() is None:  # the launcher and what it forked (their own sessions)
-                forked = psutil.Process(proc.pid).children(recursive=True)
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                for child in forked:
-                    try:
-                        child.kill()
-                    except psutil.NoSuchProcess:
-                        pass
+            stop_launcher(proc)
     return out
 
 

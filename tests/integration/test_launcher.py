@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Callable
 
 import psutil
 import pytest
@@ -122,25 +123,31 @@ def _start_under_subreaper(tmp_path, report, exp: str, *extra: str, **popen) -> 
     raise AssertionError(f"rqrl train started no private Redis (exit {reaper.wait()})")
 
 
-def test_kill_9_of_rqrl_train_takes_every_child_and_the_private_redis_along(tmp_path):
-    """Children run in sessions of their own, so nothing but the lifeline pipes ends them when
-    rqrl train is SIGKILLed: the coordinator stops the run (summary.json), the workers exit, and
-    the private Redis stops once none of them is left."""
-    exp = f"kill9_{os.getpid()}"
+def _signal_rqrl_train(tmp_path, exp: str, sig: int, ready: Callable[[dict], bool], **popen) -> dict:
+    """Start ``rqrl train`` under a subreaper, send it ``sig`` once an event matches ``ready``,
+    and return the subreaper's report (exit code, what was alive at the exit, what was left)."""
     report = tmp_path / "report.json"
-    reaper, url = _start_under_subreaper(tmp_path, report, exp)
+    reaper, url = _start_under_subreaper(tmp_path, report, exp, **popen)
     try:
-        wait_event(connect(url), keys.namespace(exp, "r"),
-                   lambda ev: ev.get("type") == "started" and ev.get("task_type") == "learner", timeout=120)
+        wait_event(connect(url), keys.namespace(exp, "r"), ready, timeout=120)
         train = [p for p in psutil.Process(reaper.pid).children() if "coordinator.cli" in " ".join(p.cmdline())]
         assert len(train) == 1
-        train[0].send_signal(signal.SIGKILL)
+        train[0].send_signal(sig)
         reaper.communicate(timeout=120)
         assert reaper.returncode == 0
     finally:
         if reaper.poll() is None:
             reaper.kill()
-    r = json.loads(report.read_text())
+    return json.loads(report.read_text())
+
+
+def test_kill_9_of_rqrl_train_takes_every_child_and_the_private_redis_along(tmp_path):
+    """Children run in sessions of their own, so nothing but the lifeline pipes ends them when
+    rqrl train is SIGKILLed: the coordinator stops the run (summary.json), the workers exit, and
+    the private Redis stops once none of them is left."""
+    exp = f"kill9_{os.getpid()}"
+    r = _signal_rqrl_train(tmp_path, exp, signal.SIGKILL,
+                           lambda ev: ev.get("type") == "started" and ev.get("task_type") == "learner")
     assert r["exit_code"] == -signal.SIGKILL
     assert any(p["name"].startswith("redis-server") for p in r["alive_at_exit"]), r["alive_at_exit"]
     assert r["left"] == [], r["left"]
@@ -152,19 +159,9 @@ def test_kill_9_of_rqrl_train_takes_every_child_and_the_private_redis_along(tmp_
 def test_rqrl_train_started_with_sigint_ignored_still_stops_on_kill_int(tmp_path):
     """A script's `rqrl train ... &` inherits SIGINT ignored; `kill -INT` must still stop the run."""
     exp = f"bgint_{os.getpid()}"
-    report = tmp_path / "report.json"
     ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731 - what a shell does for `&`
-    reaper, url = _start_under_subreaper(tmp_path, report, exp, preexec_fn=ignore_sigint)
-    try:
-        wait_event(connect(url), keys.namespace(exp, "r"), lambda ev: ev.get("type") == "started", timeout=120)
-        train = [p for p in psutil.Process(reaper.pid).children() if "coordinator.cli" in " ".join(p.cmdline())]
-        train[0].send_signal(signal.SIGINT)
-        reaper.communicate(timeout=120)
-        assert reaper.returncode == 0
-    finally:
-        if reaper.poll() is None:
-            reaper.kill()
-    r = json.loads(report.read_text())
+    r = _signal_rqrl_train(tmp_path, exp, signal.SIGINT, lambda ev: ev.get("type") == "started",
+                           preexec_fn=ignore_sigint)
     assert r["exit_code"] == 128 + signal.SIGINT and r["left"] == [], r
 
 

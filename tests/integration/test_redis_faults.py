@@ -101,7 +101,7 @@ def _passing_eval_run(conn, cfg, tmp_path) -> tuple[str, bytes]:
     c1._claim()
     cm = c1.commander
     cm.get_learner_task()
-    cm.update_learner_info("L", {"train_iter": 5, "collector_envstep": 100})
+    cm.update_learner_info("L", {"train_iter": 5, "consumed_env_steps": 100})
     task = cm.get_collector_task()
     while not task["eval_flag"]:
         task = cm.get_collector_task()
@@ -270,7 +270,7 @@ def test_only_the_eval_bundles_that_can_still_be_exported_stay_in_redis(real_red
     cm.get_learner_task()
 
     def evaluate(reward: float) -> str:
-        cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "collector_envstep": 100})
+        cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "consumed_env_steps": 100})
         task = cm.get_collector_task()
         while not task["eval_flag"]:
             task = cm.get_collector_task()
@@ -309,7 +309,8 @@ def test_only_the_eval_bundles_that_can_still_be_exported_stay_in_redis(real_red
 
 def test_a_worker_outlives_a_full_redis_and_serves_once_it_has_room(tmp_path):
     """A full noeviction Redis refuses RQ's own bookkeeping writes; stock RQ quits on the first
-    such error (31-42 s into a full Redis). rqrl's worker waits for room, then runs jobs again."""
+    such error (31-42 s into a full Redis, or at once when a job ends into it, as the chaos run
+    found). rqrl's worker waits for room, then runs jobs again."""
     import queue as queue_mod
     import signal
     import subprocess
@@ -344,11 +345,18 @@ def test_a_worker_outlives_a_full_redis_and_serves_once_it_has_room(tmp_path):
             until_line("Redis is full")
             assert proc.poll() is None
             conn.config_set("maxmemory", 0)
-            job = Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer).enqueue_call(
-                "builtins.len", args=([1, 2, 3],))
+            queue = Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer)
+            job = queue.enqueue_call("builtins.len", args=([1, 2, 3],))
             result = job.latest_result(timeout=60)
             assert result is not None and result.return_value == 3, "".join(seen[-20:])
             until_line("Redis has room again")
+            assert proc.poll() is None
+            # Full as a job ends: RQ's record of the end (a MULTI/EXEC, aborted whole) is refused.
+            queue.enqueue_call("tests.fixtures.redis_jobs.fill_redis")
+            until_line("ended while Redis is full")
+            assert proc.poll() is None
+            conn.config_set("maxmemory", 0)
+            assert queue.enqueue_call("builtins.len", args=([1],)).latest_result(timeout=60).return_value == 1
             assert proc.poll() is None
         finally:
             conn.config_set("maxmemory", 0)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 
-import psutil
 import pytest
 import redis
 from rq import Queue
@@ -21,7 +20,7 @@ from common import keys
 from common.connection import connect, connect_checked, primary_changes, write_replicated
 from common.embedded_redis import binary_version
 from tests.conftest import REPO, rq_bin, wait_event, worker_env
-from tests.fixtures.sentinel import SentinelSet, wait_for
+from tests.fixtures.sentinel import SentinelSet, stop_launcher, wait_for
 from common.rq_json import TaskSerializer
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
@@ -80,24 +79,6 @@ def _train(s: SentinelSet, tmp_path, name: str, *sets: str) -> subprocess.Popen:
                             text=True)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """End a ``rqrl train`` that is still running, and every process it forked (they run in
-    sessions of their own, so a launcher killed outright would leave them behind)."""
-    if proc.poll() is not None:
-        return
-    forked = psutil.Process(proc.pid).children(recursive=True)
-    proc.terminate()  # the launcher's teardown stops its children
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    for child in forked:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 def _accounting(conn: redis.Redis, exp: str, buffer_id: str) -> dict[str, int]:
     """The buffer's chunk accounting on the (new) primary: stats hash, pending and undelivered entries."""
     stream = keys.buffer_meta(exp, buffer_id)
@@ -139,7 +120,7 @@ def test_a_run_survives_its_primary_killed_after_the_first_eval(tmp_path):
             second = s.wait_failover(first)
             summary, log = _finish(proc, tmp_path, name, conn)
         finally:
-            _stop(proc)
+            stop_launcher(proc)
         assert summary["exit_code"] == 0 and summary["converged"] is True
         named = f"primary 127.0.0.1:{first} -> 127.0.0.1:{second}"
         assert summary["redis_failovers"] == 1 and summary["redis_failover"].startswith(named), summary
@@ -181,7 +162,7 @@ def test_a_run_survives_its_primary_killed_during_a_checkpoint_write(tmp_path):
             assert seen == written
             summary, log = _finish(proc, tmp_path, name, conn)
         finally:
-            _stop(proc)
+            stop_launcher(proc)
         assert summary["exit_code"] == 0 and summary["redis_failovers"] == 1
         learner_log = (tmp_path / name / "r1" / "log" / "learner" / "learner.txt").read_text()
         assert "written again after the failover" in learner_log and "published again" in learner_log, learner_log[-3000:]

@@ -92,7 +92,7 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
     conn, url, cfg, commander, cwd = setup
     exp = cfg.exp_name
     commander.get_learner_task()
-    commander.update_learner_info("learner_x", {"train_iter": 500, "collector_envstep": 1000})
+    commander.update_learner_info("learner_x", {"train_iter": 500, "consumed_env_steps": 1000})
     task = commander.get_collector_task()
     assert task["eval_flag"]
     lease.grant(conn, exp, task["task_id"], 600)

@@ -244,7 +244,7 @@ def test_no_eval_before_learner_trained(small_cfg):
              collector_task_space=4)
     c.get_learner_task()
     clock.advance(10_000)
-    c.update_learner_info("l", {"train_iter": 0, "collector_envstep": 5000})
+    c.update_learner_info("l", {"train_iter": 0, "consumed_env_steps": 5000})
     tasks = [c.get_collector_task() for _ in range(4)]
     assert all(t["eval_flag"] is False for t in tasks)
 
@@ -272,11 +272,11 @@ def test_eval_triggers_on_train_iter(small_cfg):
 def test_eval_triggers_on_env_steps(small_cfg):
     c = make(small_cfg, eval_interval=0.0, eval_every_train_iter=0, eval_every_env_step=1000, collector_task_space=10)
     c.get_learner_task()
-    c.update_learner_info("l", {"train_iter": 1, "collector_envstep": 999})
+    c.update_learner_info("l", {"train_iter": 1, "consumed_env_steps": 999})
     t = c.get_collector_task()
     assert t["eval_flag"] is False
     c.finish_collector_task(t["task_id"], finished(t, env_steps=0))
-    c.update_learner_info("l", {"train_iter": 2, "collector_envstep": 1000})
+    c.update_learner_info("l", {"train_iter": 2, "consumed_env_steps": 1000})
     ev = c.get_collector_task()
     assert ev["eval_flag"] is True
     c.finish_collector_task(ev["task_id"], finished(ev))
@@ -322,7 +322,7 @@ def test_all_triggers_disabled_never_evals(small_cfg):
     c = make(small_cfg, clock=clock, eval_interval=0.0, eval_every_train_iter=0, eval_every_env_step=0,
              collector_task_space=3)
     c.get_learner_task()
-    c.update_learner_info("l", {"train_iter": 10_000, "collector_envstep": 10**6})
+    c.update_learner_info("l", {"train_iter": 10_000, "consumed_env_steps": 10**6})
     clock.advance(10**6)
     assert all(c.get_collector_task()["eval_flag"] is False for _ in range(3))
 
@@ -361,7 +361,7 @@ def test_eval_finish_records_last_eval(small_cfg):
     c = make(small_cfg, eval_every_train_iter=1)
     c.get_learner_task()
     assert c.last_eval is None
-    c.update_learner_info("l", {"train_iter": 4, "collector_envstep": 77})
+    c.update_learner_info("l", {"train_iter": 4, "consumed_env_steps": 77})
     ev = c.get_collector_task()
     c.finish_collector_task(ev["task_id"], finished(ev, reward_mean=12.5, train_iter=4))
     assert c.last_eval["reward_mean"] == 12.5
@@ -527,7 +527,7 @@ def test_learner_info_history_bounded(small_cfg):
     c = make(small_cfg)
     c.get_learner_task()
     for i in range(1000):
-        c.update_learner_info("l", {"train_iter": i, "collector_envstep": i * 2})
+        c.update_learner_info("l", {"train_iter": i, "consumed_env_steps": i * 2})
     assert len(c._learner_info) <= 100
     assert _LEARNER_INFO_HISTORY <= 100
     assert c.train_iter == 999
@@ -563,9 +563,9 @@ def test_total_envstep_is_max_of_both_sources(small_cfg):
     t = c.get_collector_task()
     c.finish_collector_task(t["task_id"], finished(t, env_steps=256))
     assert c.total_envstep == 512
-    c.update_learner_info("l", {"train_iter": 1, "collector_envstep": 300})
+    c.update_learner_info("l", {"train_iter": 1, "consumed_env_steps": 300})
     assert c.total_envstep == 512  # finished sum larger
-    c.update_learner_info("l", {"train_iter": 2, "collector_envstep": 900})
+    c.update_learner_info("l", {"train_iter": 2, "consumed_env_steps": 900})
     assert c.total_envstep == 900  # learner's live count larger
     assert c.summary()["envstep"] == 900
     assert c.get_collector_task()["envstep"] == 900
@@ -576,7 +576,7 @@ def test_collect_setting_eps_decreases_with_env_steps(small_cfg):
     c.get_learner_task()
     eps = []
     for envstep in (0, 2000, 10_000, 50_000):
-        c.update_learner_info("l", {"train_iter": 1, "collector_envstep": envstep})
+        c.update_learner_info("l", {"train_iter": 1, "consumed_env_steps": envstep})
         t = c.get_collector_task()
         eps.append(t["collect_setting"]["eps"])
         c.finish_collector_task(t["task_id"], finished(t, env_steps=0))

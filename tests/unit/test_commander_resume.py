@@ -42,11 +42,11 @@ def test_restored_commander_continues_exactly_like_the_original(small_cfg):
     clock = Clock(1000.0)
     a = create_commander(cfg, clock=clock, run_id="run_a")
     learner = a.get_learner_task()
-    a.update_learner_info(learner["task_id"], {"train_iter": 100, "collector_envstep": 400})
+    a.update_learner_info(learner["task_id"], {"train_iter": 100, "consumed_env_steps": 400})
     ev0 = a.get_collector_task()    # eval due (100 train iters, none before): the eval slot
     assert ev0["eval_flag"]
     a.finish_collector_task(ev0["task_id"], finished(ev0, reward_mean=30.0, train_iter=100))
-    a.update_learner_info(learner["task_id"], {"train_iter": 200, "collector_envstep": 900})
+    a.update_learner_info(learner["task_id"], {"train_iter": 200, "consumed_env_steps": 900})
     ev = a.get_collector_task()     # eval due again (200 - 100 >= 100 train iters)
     c1 = a.get_collector_task()
     c2 = a.get_collector_task()
@@ -76,10 +76,10 @@ def test_restored_commander_continues_exactly_like_the_original(small_cfg):
     assert b.finish_collector_task(ev["task_id"], low) is False
     # The next eval is due 100 train iters after the last one (at 200), not before.
     for c in (a, b):
-        c.update_learner_info(la["task_id"], {"train_iter": 250, "collector_envstep": 1000})
+        c.update_learner_info(la["task_id"], {"train_iter": 250, "consumed_env_steps": 1000})
     assert a.get_collector_task() is None and b.get_collector_task() is None
     for c in (a, b):
-        c.update_learner_info(la["task_id"], {"train_iter": 300, "collector_envstep": 1100})
+        c.update_learner_info(la["task_id"], {"train_iter": 300, "consumed_env_steps": 1100})
     ea, eb = a.get_collector_task(), b.get_collector_task()
     assert ea["eval_flag"] and without_id(eb) == without_id(ea)
     high = finished(ea, reward_mean=200.0, train_iter=300)

@@ -103,15 +103,16 @@ def fill_stream(conn, exp="cp"):
     add_event(conn, exp, type="started", task_id="L", task_type="learner", ts=T0)
     add_event(conn, exp, type="finished", task_id="e0", task_type=c, eval_flag=True, reward_mean=9.5,
               reward_std=0.5, policy_version=0, ts=T0 + 1)
+    # An older learner's report, under the seed's field name.
     add_event(conn, exp, type="learner_info", task_id="L", task_type="learner", collector_envstep=100,
               train_iter=50, ts=T0 + 2)
     add_event(conn, exp, type="finished", task_id="t1", task_type=c, eval_flag=False, reward_mean=15.0,
               reward_std=1.0, policy_version=40, ts=T0 + 3)  # a training task: not an eval
     add_event(conn, exp, type="finished", task_id="e1", task_type=c, eval_flag=True, reward_mean=20.0,
               reward_std=2.0, policy_version=50, ts=T0 + 4)
-    add_event(conn, exp, type="learner_info", task_id="L", task_type="learner", collector_envstep=300,
+    add_event(conn, exp, type="learner_info", task_id="L", task_type="learner", consumed_env_steps=300,
               train_iter=150, ts=T0 + 5)
-    add_event(conn, exp, type="learner_info", task_id="L", task_type="learner", collector_envstep=500,
+    add_event(conn, exp, type="learner_info", task_id="L", task_type="learner", consumed_env_steps=500,
               train_iter=250, ts=T0 + 6)
     add_event(conn, exp, type="failed", task_id="e2", task_type=c, eval_flag=True, error="boom", ts=T0 + 7)
     add_event(conn, exp, type="finished", task_id="e3", task_type=c, eval_flag=True, reward_mean=150.0,

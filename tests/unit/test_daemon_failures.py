@@ -33,6 +33,6 @@ def test_a_learner_failing_every_time_is_not_hidden_by_finishing_collectors(tmp_
     learner = cm.get_learner_task()
     c.tasks.running[learner["task_id"]] = {"task": learner, "kind": "learner", "started": True}
     c.router.route({"type": "learner_info", "task_id": learner["task_id"], "task_type": "learner", "train_iter": 5,
-              "collector_envstep": 100})
+              "consumed_env_steps": 100})
     assert c.tasks.failures_in_a_row["learner"] == 0
     c.tb.close()

@@ -31,11 +31,29 @@ def test_load_checkpoint_restores_train_iter_env_steps_and_weights(fake_redis, s
             first.train(dqn_batch(n=16, seed=i), envstep=100 * (i + 1))
         first.save_checkpoint("latest")
         assert second.load_checkpoint("latest") is True
-        assert (second.train_iter, second.collector_envstep) == (3, 300)
+        assert (second.train_iter, second.consumed_env_steps) == (3, 300)
         saved, loaded = first.policy.state_dict(), second.policy.state_dict()
         model = next(k for k in saved if k.startswith("model"))
         for name, tensor in saved[model].items():
             assert torch.equal(tensor, loaded[model][name]), name
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_checkpoint_saved_under_the_seeds_field_name_still_loads(fake_redis, small_cfg, tmp_path):
+    """Checkpoints written before consumed_env_steps was renamed carry ``collector_envstep``."""
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    store = CheckpointStore(fake_redis, "ckpt_test", Path(tmp_path / "unused"))
+    first = _learner(cfg, store, tmp_path, seed=1)
+    second = _learner(cfg, store, tmp_path, seed=2)
+    try:
+        first.train(dqn_batch(n=16, seed=0), envstep=250)
+        state = first.checkpoint_state()
+        state["collector_envstep"] = state.pop("consumed_env_steps")
+        store.save("latest", state, first.train_iter)
+        assert second.load_checkpoint("latest") is True
+        assert (second.train_iter, second.consumed_env_steps) == (1, 250)
     finally:
         first.close()
         second.close()

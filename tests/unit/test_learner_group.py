@@ -69,7 +69,7 @@ def test_the_coordinator_drops_a_lost_ranks_siblings_and_counts_only_rank_0s_fin
     for t in new:
         c.tasks.running[t["task_id"]] = {"task": t, "kind": "learner", "started": True}
     done = {"type": "finished", "task_type": "learner", "buffer_id": new[0]["buffer_id"], "train_iter": 7,
-            "collector_envstep": 70, "learner_done": True}
+            "consumed_env_steps": 70, "learner_done": True}
     c.router.route(dict(done, task_id=new[1]["task_id"]))
     assert cm.summary()["learner_tasks_running"] == 1 and c.wrapup.learner_last["train_iter"] == 0
     c.router.route(dict(done, task_id=new[0]["task_id"]))
@@ -98,7 +98,7 @@ def test_a_rank_keeps_its_share_of_the_buffer_and_starts_on_the_groups_env_steps
     cfg = _group_cfg(small_cfg)
     cfg.policy.other.replay_buffer.update(replay_buffer_size=1001, replay_start_size=200)
     cfg.policy.learn.update(train_iter_per_env_step=0.5, max_env_step_lead=100)
-    learner = SimpleNamespace(train_iter=0, collector_envstep=0)
+    learner = SimpleNamespace(train_iter=0, consumed_env_steps=0)
     feeder = create_source("replay", fake_redis, cfg.exp_name, learner, cfg, SCHEMA, seed=0, group_size=2)
     assert feeder.store.capacity == 500
     stats = keys.buffer_stats(cfg.exp_name, "B")
@@ -113,7 +113,7 @@ def test_a_rank_keeps_its_share_of_the_buffer_and_starts_on_the_groups_env_steps
     fake_redis.hset(stats, "env_steps", 210)
     call = Call(feeder)
     assert call.returned(3.0) and call.error is None and len(call.result["obs"]) == BATCH
-    assert learner.collector_envstep == 210  # the group's count, reported by rank 0
+    assert learner.consumed_env_steps == 210  # the group's count, reported by rank 0
     # From the group's start on, the ratio: 1 + 0.5 x 10 iterations at 210 env steps, not 0.5 x 210.
     learner.train_iter = 5
     assert feeder.ratio_ok(210)

@@ -8,7 +8,7 @@ and the buffer's consumed env steps when it started (after a resume: the checkpo
 train_iter and the durable count in the buffer stats). It also computes the ``envstep_limit``
 published to collectors. Reader and learner are stand-ins with the attributes the feeder reads;
 the feeder itself is the real one. A call that must wait is shown to have run its loop (it set
-``collector_envstep``) and then to end with None at the stop flag, not with a batch.
+``consumed_env_steps``) and then to end with None at the stop flag, not with a batch.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def rows(n):
 
 
 def make(fake_redis, cfg, train_iter=0, base_envstep=0, filled=START):
-    learner = SimpleNamespace(train_iter=train_iter, collector_envstep=0)
+    learner = SimpleNamespace(train_iter=train_iter, consumed_env_steps=0)
     feeder = create_source("replay", fake_redis, cfg.exp_name, learner, cfg, SCHEMA, seed=0)
     buf = feeder.store
     if filled:
@@ -95,9 +95,9 @@ def test_no_batch_before_replay_start_size_env_steps(fake_redis, cfg):
     feeder, learner, _ = make(fake_redis, cfg)
     feeder.envstep_limit(0)  # before_run: the bases are taken at train_iter 0
     feeder.reader.env_steps = START - 1
-    learner.collector_envstep = -1
+    learner.consumed_env_steps = -1
     call = Call(feeder)
-    assert call.waits() and learner.collector_envstep == START - 1
+    assert call.waits() and learner.consumed_env_steps == START - 1
     feeder.reader.env_steps = START
     feeder.notify()
     assert call.returned() and call.result["obs"].shape == (BATCH, 4)
@@ -120,14 +120,14 @@ def test_ratio_ok(fake_redis, cfg, train_iter, env_steps, allowed):
     learner.train_iter = train_iter
     feeder.reader.env_steps = env_steps
     assert feeder.ratio_ok(env_steps) is allowed
-    learner.collector_envstep = -1
+    learner.consumed_env_steps = -1
     call = Call(feeder)
     if allowed:
         assert call.returned() and call.result["reward"].shape == (BATCH,)
     else:
         assert call.waits()
         release(fake_redis, cfg, call)
-    assert learner.collector_envstep == env_steps
+    assert learner.consumed_env_steps == env_steps
 
 
 def test_waiting_trainer_wakes_when_env_steps_arrive(fake_redis, cfg):
@@ -136,7 +136,7 @@ def test_waiting_trainer_wakes_when_env_steps_arrive(fake_redis, cfg):
     learner.train_iter = 33
     feeder.reader.env_steps = START + 64
     call = Call(feeder)
-    assert call.waits() and learner.collector_envstep == START + 64
+    assert call.waits() and learner.consumed_env_steps == START + 64
     feeder.reader.env_steps = START + 66
     feeder.notify()
     assert call.returned() and call.result is not None
@@ -166,14 +166,14 @@ def test_resume_refills_replay_start_size_then_trains_at_the_ratio(fake_redis, c
     feeder, learner, _ = make(fake_redis, cfg, train_iter=500, base_envstep=1000, filled=0)
     assert feeder.envstep_limit(500) == 1000 + START + LEAD
     assert feeder.envstep_limit(700) == 1000 + START + 200 / RATIO + LEAD
-    learner.collector_envstep = -1
+    learner.consumed_env_steps = -1
     call = Call(feeder)
-    assert call.waits() and learner.collector_envstep == 1000  # absolute counts would allow ~500 iterations
+    assert call.waits() and learner.consumed_env_steps == 1000  # absolute counts would allow ~500 iterations
     feeder.store.extend(rows(START))
     feeder.reader.env_steps = START
     feeder.notify()
     assert call.returned() and call.result is not None
-    assert learner.collector_envstep == 1000 + START
+    assert learner.consumed_env_steps == 1000 + START
     learner.train_iter = 501  # one iteration at the refill, then 0.5 per env step
     assert not feeder.ratio_ok(1000 + START + 1)
     feeder.reader.env_steps = START + 10
@@ -181,9 +181,9 @@ def test_resume_refills_replay_start_size_then_trains_at_the_ratio(fake_redis, c
     for learner.train_iter in range(501, 507):
         allowed.append(feeder.ratio_ok(1000 + START + 10))
     assert allowed == [True] * 5 + [False]  # iterations 501..505: 1 + 0.5 * 10 since the refill
-    learner.collector_envstep = -1  # train_iter is now 506
+    learner.consumed_env_steps = -1  # train_iter is now 506
     call = Call(feeder)
-    assert call.waits() and learner.collector_envstep == 1000 + START + 10
+    assert call.waits() and learner.consumed_env_steps == 1000 + START + 10
     release(fake_redis, cfg, call)
 
 

@@ -293,7 +293,7 @@ def test_empty_buffer_refuses_to_sample():
 class FakeLearner:
     def __init__(self, train_iter: int = 0) -> None:
         self.train_iter = train_iter
-        self.collector_envstep = 0
+        self.consumed_env_steps = 0
 
 
 def prio_cfg(priority: bool = True):

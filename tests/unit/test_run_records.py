@@ -59,11 +59,11 @@ def finished(task, episodes, reward=None, legacy=False, policy_version=3):
 
 
 def _eval_task(cm):
-    cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "collector_envstep": 100})
+    cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "consumed_env_steps": 100})
     task = cm.get_collector_task()
     while not task["eval_flag"]:  # take the training tasks out of the way
         cm.finish_collector_task(task["task_id"], finished(task, 4, reward=-90.0))
-        cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "collector_envstep": 100})
+        cm.update_learner_info("L", {"train_iter": cm.train_iter + 1, "consumed_env_steps": 100})
         task = cm.get_collector_task()
     return task
 
@@ -464,8 +464,8 @@ def test_the_progress_line_gives_rates_and_the_time_left_of_the_budget_that_bind
 
     t = 1_000_000.0
     p = Progress(195.0, t0=t - 60.0, budgets={"max_env_step": 10_000.0, "max_wall_seconds": 1860.0})
-    p.update({"type": "learner_info", "collector_envstep": 0, "train_iter": 0, "ts": t - 10})
-    p.update({"type": "learner_info", "collector_envstep": 1000, "train_iter": 500, "ts": t})
+    p.update({"type": "learner_info", "consumed_env_steps": 0, "train_iter": 0, "ts": t - 10})
+    p.update({"type": "learner_info", "consumed_env_steps": 1000, "train_iter": 500, "ts": t})
     assert p.rates() == (100.0, 50.0)
     key, seconds, used = time_left(p.budgets, 1000, 500, 60.0, 100.0, 50.0)
     assert (key, seconds, used) == ("max_env_step", 90.0, 0.1)

@@ -1,6 +1,6 @@
 """Unit tests for the learner's data sources (workers/sources/) and the collector's ChunkBuilder.
 
-No subprocesses: a fake learner (``train_iter`` / ``collector_envstep``), a fake buffer reader
+No subprocesses: a fake learner (``train_iter`` / ``consumed_env_steps``), a fake buffer reader
 (``env_steps`` / ``env_steps_base`` / ``error``) and fakeredis for the stop flag.
 """
 
@@ -31,9 +31,9 @@ def chunk(n: int, tag: float) -> dict[str, np.ndarray]:
 
 
 class FakeLearner:
-    def __init__(self, train_iter: int = 0, collector_envstep: int = 0) -> None:
+    def __init__(self, train_iter: int = 0, consumed_env_steps: int = 0) -> None:
         self.train_iter = train_iter
-        self.collector_envstep = collector_envstep
+        self.consumed_env_steps = consumed_env_steps
 
 
 def fake_reader(env_steps: int = 0, env_steps_base: int = 0):
@@ -136,7 +136,7 @@ def test_on_policy_source_stop_flag_ends_a_waiting_call(fake_redis, ppo_cfg):
 
 
 def test_on_policy_source_waits_for_n_sample_rows_of_the_current_version(fake_redis, ppo_cfg):
-    learner = FakeLearner(train_iter=2, collector_envstep=40)
+    learner = FakeLearner(train_iter=2, consumed_env_steps=40)
     src = create_source("on_policy", fake_redis, EXP, learner, ppo_cfg, SCHEMA, seed=0)
     assert isinstance(src, OnPolicySource) and src.publish_every_iter
     src.store.extend(chunk(5, 2.0), 2)
@@ -151,7 +151,7 @@ def test_on_policy_source_waits_for_n_sample_rows_of_the_current_version(fake_re
     batch = result[0]
     np.testing.assert_array_equal(batch["adv"], [2.0] * 5 + [2.5] * 4)  # all 9 rows of version 2, nothing else
     assert src.stats() == {"buffer_size": 0, "pushed": 9, "stale_chunks": 1, "stale_rows": 30}
-    assert learner.collector_envstep == 40  # no reader: the learner's own count
+    assert learner.consumed_env_steps == 40  # no reader: the learner's own count
 
 
 def test_on_policy_source_raises_when_the_reader_failed(fake_redis, ppo_cfg):
@@ -293,7 +293,7 @@ def test_replay_feeder_call_returns_a_sampled_batch_then_none_at_stop(fake_redis
     src.store.extend(chunk(20, 0.0))
     batch = src()
     assert batch["obs"].shape == (4, 2) and batch["action"].dtype == np.int64
-    assert learner.collector_envstep == 100  # the source keeps the learner's env-step count current
+    assert learner.consumed_env_steps == 100  # the source keeps the learner's env-step count current
     fake_redis.set(keys.stop(EXP), "converged")
     assert src() is None
 

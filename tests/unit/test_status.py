@@ -33,7 +33,7 @@ def _seed(conn, ns=RUN):
     for ts, it, env in ((now - 10, 1000, 5000), (now, 2000, 10000)):
         conn.xadd(keys.events(ns), streams.encode_fields({
             "type": "learner_info", "task_id": "learner_task_1", "task_type": "learner", "ts": ts,
-            "train_iter": it, "collector_envstep": env}), id=f"{int(ts * 1000)}-0")
+            "train_iter": it, "consumed_env_steps": env}), id=f"{int(ts * 1000)}-0")
 
 
 def test_collect_status_reports_everything_from_redis(fake_redis):

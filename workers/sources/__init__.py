@@ -39,7 +39,7 @@ class Learner(Protocol):
     """What a source reads and sets on the learner it feeds (workers.learner.BaseLearner)."""
 
     train_iter: int
-    collector_envstep: int
+    consumed_env_steps: int
     logger: Any
 
 
@@ -105,7 +105,7 @@ class DataSource:
         """Env steps consumed by the buffer: the durable count at start plus what the reader consumed since."""
         if self._base_envstep is None:
             # Durable count of env steps this buffer consumed before us (exact across learner restarts).
-            self._base_envstep = self.reader.env_steps_base if self.reader else self._learner.collector_envstep
+            self._base_envstep = self.reader.env_steps_base if self.reader else self._learner.consumed_env_steps
             self._base_iter = self._learner.train_iter
         own = self._base_envstep + (self.reader.env_steps if self.reader else 0)
         return max(own, self._shared_seen)
@@ -149,7 +149,7 @@ class DataSource:
                 if not self._ready(envstep) and self.group_size > 1:
                     self._refresh_shared()  # the other ranks' chunks count too
                     envstep = self.envstep()
-                self._learner.collector_envstep = envstep
+                self._learner.consumed_env_steps = envstep
                 if self._ready(envstep):
                     break
                 self._cond.wait(timeout=_STOP_CHECK_S)
