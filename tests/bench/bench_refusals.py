@@ -33,27 +33,32 @@ def _dead_url() -> str:
         return f"redis://127.0.0.1:{s.getsockname()[1]}/0"
 
 
-def _cases() -> dict[str, list[str]]:
+def _cases() -> dict[str, tuple[list[str], str]]:
+    """Each case's command line and a piece of the one line it must refuse with."""
     cli = [sys.executable, "-m", "coordinator.cli"]
     return {
-        "train: DQN on Box actions": [*cli, "train", DQN, "--set", "env.env_id=Pendulum-v1"],
-        "train: stateful wrapper": [*cli, "train", DQN, "--set",
-                                    "env.wrappers=[{'type': 'gymnasium.wrappers:NormalizeObservation'}]"],
-        "train: unreachable Redis": [*cli, "train", DQN, "--redis-url", _dead_url()],
-        "sweep: unreachable Redis": [*cli, "sweep", DQN, "--seeds", "0-1", "--redis-url", _dead_url()],
-        "eval: missing file": [*cli, "eval", "/missing.pt"],
-        "coordinator: unreachable Redis": [sys.executable, "-m", "coordinator", DQN, "--redis-url", _dead_url()],
+        "train: DQN on Box actions": ([*cli, "train", DQN, "--set", "env.env_id=Pendulum-v1"],
+                                      "'dqn' needs Discrete actions"),
+        "train: stateful wrapper": ([*cli, "train", DQN, "--set",
+                                     "env.wrappers=[{'type': 'gymnasium.wrappers:NormalizeObservation'}]"],
+                                    "running statistics"),
+        "train: unreachable Redis": ([*cli, "train", DQN, "--redis-url", _dead_url()], "cannot reach Redis"),
+        "sweep: unreachable Redis": ([*cli, "sweep", DQN, "--seeds", "0-1", "--redis-url", _dead_url()],
+                                     "cannot reach Redis"),
+        "eval: missing file": ([*cli, "eval", "/missing.pt"], "does not exist"),
+        "coordinator: unreachable Redis": ([sys.executable, "-m", "coordinator", DQN, "--redis-url", _dead_url()],
+                                           "cannot reach Redis"),
     }
 
 
-def _time(argv: list[str]) -> float:
+def _time(argv: list[str], expected: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RQRL_REDIS_URL": "", "RQ_REDIS_URL": ""}
     with tempfile.TemporaryDirectory() as cwd:
         t0 = time.monotonic()
         res = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
         seconds = time.monotonic() - t0
-    if res.returncode != 1:
-        raise RuntimeError(f"{argv[2:]} exited {res.returncode}, not 1: {res.stderr[-500:]}")
+    if res.returncode != 1 or expected not in res.stderr:
+        raise RuntimeError(f"{argv[2:]} exited {res.returncode} without {expected!r}: {res.stderr[-500:]}")
     return seconds
 
 
@@ -63,8 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args(argv)
     out = {"load_avg_1m": os.getloadavg()[0], "cases": {}}
-    for name, cmd in _cases().items():
-        fig = spread([_time(cmd) for _ in range(args.repeats)], 2)
+    for name, (cmd, expected) in _cases().items():
+        fig = spread([_time(cmd, expected) for _ in range(args.repeats)], 2)
         goal = "<= 13" if name.startswith("coordinator") else "<= 3"
         out["cases"][name] = {**fig, "goal_s": goal, "verdict": verdict(fig, goal)}
         print(f"{name:<34} median {fig['median']:>6.2f} s  (min {fig['min']:.2f}, max {fig['max']:.2f}; "

@@ -176,7 +176,9 @@ def source_line(raw: dict, json_path: Optional[Path] = None) -> str:
             f"Raw output: {where}."
             + (f" The parts {', '.join(raw['reused']['parts'])} are reused from the earlier run "
                f"[{raw['reused']['file']}](bench/{raw['reused']['file']}) ({raw['reused']['date']}, commit "
-               f"`{(raw['reused']['git_commit'] or '')[:10]}`)." if raw.get("reused") else ""))
+               f"`{(raw['reused']['git_commit'] or '')[:10]}`)." if raw.get("reused") else "")
+            + "".join(f" The part {t['part']} comes from its own benchmark run [{t['file']}](bench/{t['file']})."
+                      for t in raw.get("taken_from", [])))
 
 
 def summary_table(raw: dict) -> str:

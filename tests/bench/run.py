@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/performance.md")
     ap.add_argument("--reuse", default=None, metavar="RAW.json",
                     help="take the parts not run now from this earlier raw JSON (recorded as reused, with its file)")
+    ap.add_argument("--take", nargs="+", default=[], metavar="PART=FILE.json",
+                    help="take a part from the JSON its own benchmark wrote (bench_start.py --json, bench_episodes.py --json)")
     args = ap.parse_args(argv)
     seeds = [str(s) for s in (args.seeds or ([0, 1, 2] if args.quick else [0, 1, 2, 3, 4]))]
     repeats = args.repeats or (2 if args.quick else 3)
@@ -156,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         r.update(reused)
         raw["reused"] = {"file": Path(args.reuse).name, "date": earlier.get("date"),
                          "git_commit": earlier.get("git_commit"), "parts": sorted(reused)}
+    for spec in args.take:
+        part, _, path = spec.partition("=")
+        if part in r:
+            raise SystemExit(f"--take {spec}: part {part!r} was run now")
+        r[part] = json.loads(Path(path).read_text())
+        raw.setdefault("taken_from", []).append({"part": part, "file": Path(path).name})
     raw["results"] = r
     raw["errors"] = errors
     out_dir = Path(args.out_dir)

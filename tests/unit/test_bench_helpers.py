@@ -79,3 +79,14 @@ def test_soak_key_kinds_and_the_projection_per_day():
     end = {"t": 864.0, "used_memory": 2 * 2**20, "keys": {"a": 11, "b": 1}, "rss": {"1 rqrl": 101 * 2**20}}
     text = report(start, end)  # 864 s is a hundredth of a day
     assert "+100.0 MB/day" in text and "+100" in text.splitlines()[4]
+
+
+def test_the_source_line_names_parts_taken_from_their_own_benchmark_runs():
+    from tests.bench.report import source_line
+
+    machine = {"cpus": 2, "cpu": "cpu", "mem_gib": 23.5, "python": "3.11", "torch": "2.13.0",
+               "redis_server": "Redis server v=7.0.15 sha=0", "loadavg_at_start": [0.1], "loadavg_at_end": [0.2]}
+    raw = {"machine": machine, "settings": {"quick": False}, "date": "d", "command": "c", "git_commit": "abc",
+           "git_dirty": False, "taken_from": [{"part": "start", "file": "2026-12-01-start.json"}]}
+    assert "The part start comes from its own benchmark run [2026-12-01-start.json](bench/2026-12-01-start.json)." \
+        in source_line(raw)
