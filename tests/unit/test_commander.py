@@ -317,6 +317,25 @@ def test_eval_triggers_on_wall_time(small_cfg):
     assert c.get_collector_task()["eval_flag"] is True
 
 
+def test_evals_keep_to_their_share_of_the_time(small_cfg):
+    """commander.eval_max_share 0.25: an eval that ran 10 s is followed by 30 s without one (Atari
+    evals took 43 % of the CPU before), however due the next one is by train iterations."""
+    clock = FakeClock()
+    c = make(small_cfg, clock=clock, eval_interval=0.0, eval_every_train_iter=1, eval_every_env_step=0,
+             eval_max_share=0.25, collector_task_space=10)
+    c.get_learner_task()
+    c.update_learner_info("l", {"train_iter": 1})
+    ev = c.get_collector_task()
+    assert ev["eval_flag"] is True
+    clock.advance(10.0)
+    c.finish_collector_task(ev["task_id"], dict(finished(ev, reward_mean=0.0), duration=10.0))
+    c.update_learner_info("l", {"train_iter": 500})
+    clock.advance(29.0)
+    assert c.get_collector_task()["eval_flag"] is False
+    clock.advance(1.5)
+    assert c.get_collector_task()["eval_flag"] is True
+
+
 def test_all_triggers_disabled_never_evals(small_cfg):
     clock = FakeClock()
     c = make(small_cfg, clock=clock, eval_interval=0.0, eval_every_train_iter=0, eval_every_env_step=0,

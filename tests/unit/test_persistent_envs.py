@@ -226,6 +226,26 @@ def test_an_eval_spreads_its_episodes_over_the_eval_envs():
     assert info["env_steps"] == sum(lengths) and info["reward_mean"] == 9.5
 
 
+def test_an_eval_stops_at_its_env_step_cap():
+    """policy.eval.evaluator.max_env_steps bounds an eval (a greedy Atari policy that never
+    presses FIRE ran every eval to the frame cut-off): 4 envs of 50-step episodes under a cap of
+    40 env steps stop after 10 vector steps, with no episode counted and no reward sent."""
+    from tests.fixtures.long_envs import Uneven
+
+    cfg = _cfg("dqn", length=5, task_env_steps=20)
+    cfg.env.env_id, cfg.env.env_kwargs, cfg.env.evaluator_env_num = "Uneven-v0", {"lengths": [50]}, 4
+    cfg.policy.eval.evaluator.max_env_steps = 40
+    task = {"eval_flag": True, "seed": 3, "task_id": "e0", "eval_episodes": 4}
+    live = build_live_envs(cfg, task)
+    try:
+        Uneven.steps_taken = 0
+        info = Collector(cfg, task, FakeComm(_learner_weights(cfg)), live).run()
+    finally:
+        live.close()
+    assert Uneven.steps_taken == 40, Uneven.steps_taken
+    assert info["real_episode_count"] == 0 and "reward_mean" not in info
+
+
 def test_a_task_that_finished_no_episode_sends_no_reward():
     """No finished episode, no number: the finish info leaves out reward and episode figures
     rather than reporting 0.0 (issue: a zero-episode eval was stored as 0.0 and exported)."""
