@@ -119,6 +119,9 @@ def load_saved(path: str | Path) -> Saved:
                       obj.get("train_iter"))
     elif isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
         saved = Saved(obj, "state_dict")
+    elif isinstance(obj, dict) and {"policy", "train_iter"} <= set(obj):
+        raise EvalError(f"{p}: a learner checkpoint (policy and optimizer state, for `rqrl train --resume`), not a "
+                        "policy file: evaluate the run's final.pt or best.pt")
     else:
         what = f"top-level keys {sorted(map(str, obj))[:8]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
         raise EvalError(f"{p}: holds neither an rqrl final.pt (format {export.FORMAT!r}) nor a state_dict of "

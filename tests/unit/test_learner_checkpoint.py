@@ -57,3 +57,24 @@ def test_a_checkpoint_saved_under_the_seeds_field_name_still_loads(fake_redis, s
     finally:
         first.close()
         second.close()
+
+
+def test_rqrl_eval_of_a_learner_checkpoint_says_what_it_is(fake_redis, small_cfg, tmp_path, capsys):
+    """The run folder's ckpt/latest.pth (the learner's checkpoint, copied from Redis as the
+    coordinator's resume point does) is refused in one line that points to final.pt / best.pt."""
+    from common import blobstore, keys
+    from coordinator import evaluate
+
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    store = CheckpointStore(fake_redis, "ckpt_test", Path(tmp_path / "unused"))
+    learner = _learner(cfg, store, tmp_path, seed=1)
+    try:
+        learner.train(dqn_batch(n=16, seed=0), envstep=100)
+        learner.save_checkpoint("latest")
+    finally:
+        learner.close()
+    path = tmp_path / "latest.pth"
+    path.write_bytes(blobstore.get_versioned(fake_redis, keys.ckpt("ckpt_test", "latest"))[1])
+    assert evaluate.main([str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a learner checkpoint" in err[0] and "final.pt or best.pt" in err[0], err
