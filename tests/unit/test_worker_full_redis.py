@@ -3,11 +3,21 @@ the waits that the real-process test (tests/integration/test_redis_faults.py) ca
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import redis
-from rq.worker import base
+from rq.worker import Worker
 
 from workers import worker as worker_mod
+
+# Where RQ defines its worker loop (rq.worker or rq.worker.base, by rq version): is_suspended is
+# looked up there.
+RQ_WORKER_MODULE = sys.modules[Worker.check_for_suspension.__module__]
+
+
+def rq_class_defining(worker, method: str) -> type:
+    return next(c for c in type(worker).__mro__ if method in vars(c) and c.__module__.startswith("rq"))
 
 OOM_ABORT = "Transaction discarded because of: OOM command not allowed when used memory > 'maxmemory'."
 
@@ -29,7 +39,7 @@ def test_rqs_suspension_check_aborted_by_a_full_redis_is_waited_out(worker, monk
             raise redis.exceptions.ExecAbortError(OOM_ABORT)
         return False
 
-    monkeypatch.setattr(base, "is_suspended", is_suspended)
+    monkeypatch.setattr(RQ_WORKER_MODULE, "is_suspended", is_suspended)
     worker.check_for_suspension(False)
     assert len(calls) == 3
 
@@ -38,7 +48,23 @@ def test_other_redis_errors_still_end_the_worker(worker, monkeypatch):
     def is_suspended(conn, wk=None):
         raise redis.exceptions.ExecAbortError("Transaction discarded because of: unknown command 'X'")
 
-    monkeypatch.setattr(base, "is_suspended", is_suspended)
+    monkeypatch.setattr(RQ_WORKER_MODULE, "is_suspended", is_suspended)
     with pytest.raises(redis.exceptions.ExecAbortError):
         worker.check_for_suspension(False)
     assert worker_mod.redis_full(redis.exceptions.OutOfMemoryError("OOM command not allowed"))
+
+
+@pytest.mark.parametrize("method", ["dequeue_job_and_maintain_ttl", "heartbeat", "run_maintenance_tasks"])
+def test_rqs_idle_loop_writes_refused_by_a_full_redis_are_tried_again(worker, monkeypatch, method):
+    """Stock RQ quits 31-42 s into a full Redis (its idle loop's writes raise once the client's
+    retries run out); rqrl's worker tries them again until Redis has room, then goes on."""
+    calls = []
+
+    def refused_twice(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) < 3:
+            raise redis.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'.")
+        return "done"
+
+    monkeypatch.setattr(rq_class_defining(worker, method), method, refused_twice)
+    assert getattr(worker, method)() == "done" and len(calls) == 3
