@@ -34,6 +34,11 @@ def test_rqrl_train_converges_and_leaves_nothing_behind(tmp_path, redis_server):
     out = tmp_path / exp / "latest"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["last_eval_reward_mean"] >= 150
+    # The phases the run recorded (unix seconds, common/phases.py), in the order each causes the next.
+    ph = summary["phases"]
+    for chain in (("launch", "redis_up", "first_policy", "first_train_step"),
+                  ("first_policy", "first_eval", "passing_eval", "final_pt"), ("launch", "workers_up")):
+        assert all(ph[a] <= ph[b] for a, b in zip(chain, chain[1:])), (chain, ph)
     # The closing progress line carries the summary's numbers (one set of figures per run).
     closing = [ln for ln in res.stderr.replace("\r", "\n").splitlines() if ln.startswith("env steps")][-1]
     assert f"{summary['envstep']:,} | train iter {summary['train_iter']:>7,}" in closing, (closing, summary)
