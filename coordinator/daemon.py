@@ -121,6 +121,7 @@ class Coordinator:
         self.clocks = WorkerClocks()  # workers whose clocks are off Redis's
         self.workers = WorkerCount(conn, self.tasks.queues["collector"], self.commander, self.log)
         self.setting = SettingPublisher(conn, self.exp, self.commander)
+        self.rejections: Optional[server_limits.RejectionWatch] = None  # from run()
         self._signal: Optional[int] = None
         self.resumed = False
 
@@ -207,6 +208,9 @@ class Coordinator:
         restore_logging = offload_logging(self.log)  # log lines are written by a thread
         try:
             try:
+                # maxclients: named when it is hit; counted from before the claim, so that a
+                # refusal while the run starts counts too.
+                self.rejections = server_limits.RejectionWatch(self.conn)
                 self._claim()
                 if not self.resumed:
                     self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id,
@@ -240,11 +244,10 @@ class Coordinator:
         timers.every(1.0, lambda: self.wrapup.write_summary(running=True))  # for rqrl status
         timers.every(1.0, lambda: self.resume_point.save(self.run_id, self.t0))
         timers.every(_TRIM_EVERY_S, lambda: self.event_reader.trim(time.time()))
-        rejections = server_limits.RejectionWatch(self.conn)  # maxclients: named when it is hit
         rejected: list[str] = []
 
         def check_limits() -> None:
-            if reason := rejections.reason():
+            if self.rejections is not None and (reason := self.rejections.reason()):
                 rejected.append(reason)
 
         timers.every(_TRIM_EVERY_S, check_limits)

@@ -502,3 +502,31 @@ def test_a_workers_clock_off_redis_is_named_and_run_times_use_one_clock(real_red
     assert abs(record["time"] - real_t()) < 60
     c.ownership.release()
     c.tb.close()
+
+
+def test_a_connection_refused_while_the_run_starts_is_the_stop_reason(redis_exe, small_cfg, tmp_path):
+    """Refusals are counted from before the claim: one while the run starts (here inside the
+    claim) stops it naming maxclients, as one mid-run does (the loaded suite once missed a refusal
+    that came before the count's start and ran to its wall budget)."""
+    with EmbeddedRedis(exe=redis_exe) as server:
+        conn = connect(server.url)
+        cfg = EasyDict(copy.deepcopy(small_cfg))
+        cfg.commander.update(collector_task_space=2, max_wall_seconds=20)  # the budget the fault would run to
+        c = Coordinator(cfg, conn, tmp_path, run_name="r1")
+        claim = c._claim
+
+        def claim_with_a_refusal() -> None:
+            conn.config_set("maxclients", int(conn.info("clients")["connected_clients"]))
+            try:
+                with pytest.raises(redis.ConnectionError):
+                    for _ in range(100):  # slots freed meanwhile are taken until one is refused
+                        redis.Redis.from_url(server.url, socket_timeout=5).ping()
+            finally:
+                conn.config_set("maxclients", 10000)
+            claim()
+
+        c._claim = claim_with_a_refusal
+        code = c.run()
+        summary = json.loads((c.out / "summary.json").read_text())
+        assert code == 1 and re.match(r"Redis refused \d+ connections: maxclients \d+ reached", summary["status"]), \
+            summary["status"]
