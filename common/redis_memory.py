@@ -36,6 +36,13 @@ def memory_info(conn: redis.Redis) -> dict[str, Any]:
             "policy": str(info.get("maxmemory_policy", "unknown"))}
 
 
+def redis_full(e: BaseException) -> bool:
+    """Whether ``e`` is a full ``noeviction`` Redis refusing a write: an ``OOM`` reply
+    (``redis.OutOfMemoryError``), or a MULTI/EXEC aborted because a command in it got one (Redis 7
+    checks memory at EXEC and answers ``EXECABORT ... OOM``: ``redis.exceptions.ExecAbortError``)."""
+    return isinstance(e, redis.OutOfMemoryError) or (isinstance(e, redis.exceptions.ExecAbortError) and "OOM" in str(e))
+
+
 def _mb(n: float) -> str:
     return f"{n / 2**20:.1f} MB"
 

@@ -35,6 +35,7 @@ from easydict import EasyDict
 
 from common import events, keys, server_limits, streams
 from common.logs import build_logger, build_tb_writer
+from common.redis_memory import redis_full
 from coordinator.collect_setting import SettingPublisher
 from coordinator.commander import BaseCommander, create_commander
 from coordinator.clocks import WorkerClocks
@@ -216,7 +217,9 @@ class Coordinator:
                     self.log.info("experiment %s run %s started (stop_value %s)", self.exp, self.run_id,
                                   self.cfg.env.stop_value)
                 code, reason = self._loop()
-            except redis.OutOfMemoryError:
+            except redis.ResponseError as e:
+                if not redis_full(e):
+                    raise
                 code, reason = EXIT_ERROR, self.wrapup.out_of_memory()
             except RunLost as e:
                 code, reason, self.wrapup.hands_off = EXIT_ERROR, str(e), True

@@ -21,7 +21,7 @@ from easydict import EasyDict
 
 from common import blobstore, events, keys, lease, phases, serialization, streams
 from common.finite import NonFiniteError, check_arrays
-from common.redis_memory import oom_reason
+from common.redis_memory import oom_reason, redis_full
 from coordinator import closing
 from coordinator.bundles import EvalBundles
 from coordinator.commander import BaseCommander
@@ -139,7 +139,9 @@ class WrapUp:
         try:
             fn(*args, **kwargs)
             return True
-        except redis.OutOfMemoryError as e:
+        except redis.ResponseError as e:
+            if not redis_full(e):
+                raise
             self.log.error("could not %s: %s", what, e)
             return False
 

@@ -39,6 +39,7 @@ from rq.worker import SimpleWorker, Worker
 import workers.collector  # noqa: F401
 from common import keys, worker_presence
 from common.connection import with_retries
+from common.redis_memory import redis_full
 from common.rq_json import TaskSerializer
 import workers.learner  # noqa: F401
 from workers import live_envs
@@ -51,12 +52,6 @@ _KEY_TTL_S = 60
 _SWEEP_EVERY_S = 10.0
 # How often a worker tries RQ's bookkeeping again while Redis answers OOM (seconds).
 _FULL_REDIS_RETRY_S = 5.0
-
-
-def redis_full(e: BaseException) -> bool:
-    """Whether ``e`` is a full ``noeviction`` Redis refusing a write: an ``OOM`` reply, or a
-    MULTI/EXEC aborted because a command in it got one."""
-    return isinstance(e, redis.OutOfMemoryError) or (isinstance(e, redis.exceptions.ExecAbortError) and "OOM" in str(e))
 
 
 class _RqrlWorker:

@@ -1,7 +1,7 @@
 """Chaos run: train CartPole while killing collectors, the learner, the coordinator and Redis.
 
     python -m tests.chaos.chaos --seed 0 --collector-kills 3 [--duration 240] [--stop-value 195]
-        [--redis-restart] [--oom [--oom-hold 60]] [--stall] [--wipe]
+        [--redis-restart] [--oom [--oom-hold 45]] [--stall] [--wipe]
 
 Processes (all real): a private redis-server, ``python -m coordinator``, ``rq worker
 collector`` x N and ``rq worker learner``. A seeded schedule SIGKILLs, once training runs: the
@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from rq import Worker
 
 from common import keys, streams
 from common.connection import connect
@@ -99,10 +101,17 @@ class Chaos:
                 "--set", "policy.learn.learner.hook.save_ckpt_after_iter=100",
                 "--set", f"commander.max_wall_seconds={self.duration}"]
 
-    def _worker(self, name: str, queue: str) -> None:
+    def _worker(self, name: str, queue: str) -> str:
+        """Start an rq worker as ``name``; returns its RQ worker name."""
         rq = str(Path(sys.executable).with_name("rq"))
         cls = "CollectorWorker" if queue == keys.COLLECTOR_QUEUE else "PreloadWorker"
-        self._start(name, [rq, "worker", queue, "-w", f"workers.worker.{cls}", "--name", f"{self.exp_name}-{name}-{time.time():.0f}"])
+        rq_name = f"{self.exp_name}-{name}-{time.time():.0f}"
+        self._start(name, [rq, "worker", queue, "-w", f"workers.worker.{cls}", "--name", rq_name])
+        return rq_name
+
+    def _registered(self, rq_name: str) -> bool:
+        """The worker reached RQ's loop (its registration is RQ's own record)."""
+        return Worker.find_by_key(Worker.redis_worker_namespace_prefix + rq_name, connection=self.conn) is not None
 
     # -- observation -----------------------------------------------------------------------------
     def running_tasks(self) -> dict[str, dict]:
@@ -170,7 +179,10 @@ class Chaos:
             record["resumed_from_iter"] = self._first_iter_after(tid)
         self.kills.append(record)
         if parent is not None:  # a supervisor restarts the worker
-            self._worker(parent, keys.COLLECTOR_QUEUE if parent.startswith("collector") else keys.LEARNER_QUEUE)
+            rq_name = self._worker(parent, keys.COLLECTOR_QUEUE if parent.startswith("collector") else keys.LEARNER_QUEUE)
+            # The next fault waits for it: a worker still starting when Redis fills up quits in
+            # rq's own start-up (its suspension check), before any of rqrl's code runs.
+            self._wait(lambda: self._registered(rq_name), 60)
 
     def _first_iter_after(self, dead_task: str) -> int | None:
         """train_iter of the first report of the learner that replaced ``dead_task``."""

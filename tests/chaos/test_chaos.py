@@ -52,19 +52,22 @@ def test_chaos_run_converges_detects_every_kill_and_loses_nothing(tmp_path, redi
 
 
 def test_chaos_redis_faults_lose_nothing_the_docs_promise(tmp_path, redis_server):
-    """A Redis stall longer than the heartbeat timeout, a Redis full for 45 s (a stock rq worker
-    quits 31-42 s in) and then freed, and a restart without persistence (issue 19). Promised (docs/deploy.md): the stall declares no task
+    """A Redis stall longer than the heartbeat timeout, a full Redis then freed, and a restart
+    without persistence (issue 19). Promised (docs/deploy.md): the stall declares no task
     dead and training goes on; the full Redis stops the run naming it, the rq workers outlive it,
     and the rerun with room trains; the wipe stops the run naming the loss, keeps evals.jsonl, the
     checkpoint copy and summary.json, and the run resumed from its folder goes on from that
-    checkpoint's train iteration, its chunk accounting exact."""
+    checkpoint's train iteration, its chunk accounting exact. That rqrl's workers outlive a Redis
+    that stays full longer than a stock rq worker does (31-42 s) is tested without the 45 s wait
+    (tests/unit/test_worker_full_redis.py, test_redis_faults.py); the harness runs it whole with
+    ``python -m tests.chaos.chaos --redis-only --stall --oom --oom-hold 45 --wipe``."""
     r = main(["--seed", "4", "--collector-kills", "0", "--redis-only", "--stop-value", "475", "--duration", "150",
-              "--workdir", str(tmp_path), "--stall", "--oom", "--oom-hold", "45", "--wipe"])
+              "--workdir", str(tmp_path), "--stall", "--oom", "--wipe"])
     assert r["exit_code"] in (0, 2), r  # converged, or the wall budget of the resumed run passed
     rows = {k["what"]: k for k in r["kills"]}
     stall = rows["redis stall (DEBUG SLEEP 8 s > heartbeat 6 s)"]
     assert stall["declared_dead"] == 0 and stall["detect_s"] is not None, stall
-    full = rows["redis out of memory (max = used+256K), full 45 s"]
+    full = rows["redis out of memory (max = used+256K)"]
     assert full["oom_stop"] and full["workers_alive"] and full["status_ok"], full
     wipe = rows["redis restart without persistence"]
     assert wipe["state_lost_named"] and wipe["evals_kept"] and wipe["ckpt_iter"], wipe

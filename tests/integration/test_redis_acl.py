@@ -27,7 +27,7 @@ import time
 import pytest
 import redis
 
-from common.embedded_redis import EmbeddedRedis, binary_version, free_port
+from common.embedded_redis import EmbeddedRedis, binary_version, find_redis_server, free_port
 from tests.conftest import REDIS_SERVERS, REPO, WORKER_CLASS, rq_bin, worker_env
 from common.rq_json import TaskSerializer
 
@@ -219,6 +219,9 @@ def test_rqrl_user_is_denied_outside_its_rights(acl_server):
 
 @needs_binary
 @pytest.mark.slow
+# The training run on the default redis-server only (the suite's longest ACL test); .ci/run's
+# tier for each other version (RQRL_REDIS_SERVER) runs it there.
+@pytest.mark.parametrize("acl_server", [pytest.param(find_redis_server(), id="redis-default")], indirect=True)
 def test_training_run_as_rqrl_user(acl_server, tmp_path):
     """Coordinator + CollectorWorker collector and PreloadWorker learner, all as the rqrl user, until convergence."""
     s = acl_server

@@ -357,6 +357,36 @@ def test_a_worker_outlives_a_full_redis_and_serves_once_it_has_room(tmp_path):
             proc.wait(timeout=60)
 
 
+def test_a_transaction_refused_at_exec_by_a_full_redis_stops_the_run_naming_it(redis_exe, small_cfg, tmp_path,
+                                                                              monkeypatch):
+    """A MULTI whose commands were queued while Redis had room, and that is full by its EXEC, is
+    refused whole (``EXECABORT ... OOM``: redis-py's ExecAbortError, not OutOfMemoryError; the
+    chaos run's coordinator died on it with a traceback). The run stops naming the full Redis."""
+    with EmbeddedRedis(exe=redis_exe) as server:
+        conn = connect(server.url)
+        c = Coordinator(EasyDict(copy.deepcopy(small_cfg)), conn, tmp_path, run_name="full")
+
+        def loop():
+            raw = conn.connection_pool.get_connection()
+            try:
+                for command in (("MULTI",), ("HSET", keys.commander(c.exp), "x", 1)):
+                    raw.send_command(*command)
+                    raw.read_response()
+                conn.config_set("maxmemory", 1)  # full between the queueing and the EXEC
+                raw.send_command("EXEC")
+                raw.read_response()
+            finally:
+                conn.connection_pool.release(raw)
+
+        monkeypatch.setattr(c, "_loop", loop)
+        try:
+            assert c.run() == 1
+        finally:
+            conn.config_set("maxmemory", 0)
+        summary = json.loads((tmp_path / c.exp / "summary.json").read_text())
+        assert summary["status"].startswith("Redis out of memory") and summary["exit_code"] == 1, summary
+
+
 @pytest.mark.parametrize("limit,extra,named", [
     (["--maxclients", "20"], [], "Redis maxclients is 20; this run may open ~29 connections"),
     (["--proto-max-bulk-len", "1mb"], ["--set", "policy.model.hidden_size_list=[512, 512]"],

@@ -86,6 +86,8 @@ def test_many_machines_recipe_keeps_every_record_in_the_coordinators_run_folder(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.backend.event_processing.io_wrapper import GetLogdirSubdirectories
 
+    from rq import Worker
+
     from common.connection import connect
 
     conn = connect(redis_server.url)
@@ -99,9 +101,15 @@ def test_many_machines_recipe_keeps_every_record_in_the_coordinators_run_folder(
                                 stderr=subprocess.STDOUT)
                for i, queue in enumerate(("learner", "collector", "collector"))]
     try:
+        # The workers are up first, as in the recipe: a coordinator that sees its collectors only
+        # after the learner trained to its budget has no eval to record.
+        deadline = time.monotonic() + 90
+        while Worker.count(connection=conn) < len(workers):
+            assert time.monotonic() < deadline and all(w.poll() is None for w in workers), "the rq workers did not register"
+            time.sleep(0.05)  # RQ's registry has no blocking read
         coord = subprocess.run(
             [sys.executable, "-m", "coordinator", DQN, "--redis-url", redis_server.url, "--run-name", "r1",
-             "--set", f"exp_name={exp}", "--set", "env.stop_value=100000", "--set", "commander.max_train_iter=60",
+             "--set", f"exp_name={exp}", "--set", "env.stop_value=100000", "--set", "commander.max_train_iter=200",
              "--set", "commander.eval_every_train_iter=20", "--set", "policy.learn.learner.hook.log_show_after_iter=20",
              "--set", "policy.learn.learner.send_info_freq=10", "--set", "policy.collect.collector.task_env_steps=200"],
             cwd=head, env=env, capture_output=True, text=True, timeout=240)

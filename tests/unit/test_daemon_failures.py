@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+import redis
 from easydict import EasyDict
 
 from coordinator.daemon import Coordinator
@@ -35,4 +37,27 @@ def test_a_learner_failing_every_time_is_not_hidden_by_finishing_collectors(tmp_
     c.router.route({"type": "learner_info", "task_id": learner["task_id"], "task_type": "learner", "train_iter": 5,
               "consumed_env_steps": 100})
     assert c.tasks.failures_in_a_row["learner"] == 0
+    c.tb.close()
+
+
+def test_the_wrap_ups_writes_refused_by_a_full_redis_are_logged_whatever_form_the_refusal_takes(
+        tmp_path, fake_redis, small_cfg, caplog):
+    """The wrap-up is best effort on a full Redis: an OOM reply to a single write and a MULTI/EXEC
+    aborted because Redis was full by its EXEC are logged; any other error is raised."""
+    c = Coordinator(EasyDict(copy.deepcopy(small_cfg)), fake_redis, tmp_path)
+
+    def refuse(error):
+        def write():
+            raise error
+        return write
+
+    oom = "OOM command not allowed when used memory > 'maxmemory'."
+    assert not c.wrapup._best_effort("write a", refuse(redis.OutOfMemoryError(oom)))
+    assert not c.wrapup._best_effort("write b", refuse(redis.exceptions.ExecAbortError(
+        f"Transaction discarded because of: {oom}")))
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.levelname == "ERROR"] == [
+        "could not write a", "could not write b"]
+    with pytest.raises(redis.exceptions.ExecAbortError):
+        c.wrapup._best_effort("write c", refuse(redis.exceptions.ExecAbortError(
+            "Transaction discarded because of: unknown command 'X'")))
     c.tb.close()
