@@ -68,7 +68,7 @@ class Ownership:
             CoordinatorError: another coordinator owns the run.
         """
         # A killed coordinator's lock expires within ALIVE_TTL_S; a live one keeps extending it.
-        if not self.lock.acquire(blocking=True, blocking_timeout=ALIVE_TTL_S + 1, token=self.name):
+        if not self._acquire(blocking=True, blocking_timeout=ALIVE_TTL_S + 1):
             owner = self.conn.get(self.key)
             raise CoordinatorError(
                 f"run {self.exp!r} is owned by {owner.decode() if owner else '?'} (key {self.key}); "
@@ -102,10 +102,21 @@ class Ownership:
             self.lock.reacquire()
         except LockError:
             # Expired during a stall (a Redis pause longer than the TTL) and nobody took it: take it back.
-            if not self.lock.acquire(blocking=False, token=self.name):
+            if not self._acquire(blocking=False):
                 owner = self.conn.get(self.key)
                 raise RunLost(f"lost ownership of {self.exp!r} to {owner.decode() if owner else '?'}") from None
             self.log.warning("ownership key %s had expired during a stall; re-acquired", self.key)
+
+    def _acquire(self, **kwargs: Any) -> bool:
+        """The lock's ``acquire`` under our token; also True when the key already holds our token:
+        a SET NX that landed but whose reply a dropped connection lost is retried by the client,
+        and the retry finds the key taken (by us)."""
+        if self.lock.acquire(token=self.name, **kwargs):
+            return True
+        if self.conn.get(self.key) == self.name.encode():
+            self.lock.local.token = self.name.encode()
+            return True
+        return False
 
     def release(self) -> None:
         """Give the run up (its end); nothing to do when the key expired or was taken over."""
