@@ -150,6 +150,24 @@ def wait_gone(marker: str, timeout: float = 60.0, in_cwd: bool = False) -> list[
     return [" ".join(p.info["cmdline"] or []) for p in alive]
 
 
+def kill_leftovers(marker: str) -> list[str]:
+    """SIGKILL every process but this one with ``marker`` in its command line (a run's
+    coordinator, workers and background teardown retitle themselves with its name), for a test
+    that is about to stop the Redis they use: left to their teardown, they would outlive the test
+    by minutes, retrying a server that is gone. Returns the command lines killed."""
+    import psutil
+
+    procs = [p for p in psutil.process_iter(["cmdline"])
+             if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or [])]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    return [" ".join(p.info["cmdline"] or []) for p in procs]
+
+
 def initial_weights(cfg):
     """Fresh acting weights of ``cfg``'s policy for its env (what a learner publishes first)."""
     import copy

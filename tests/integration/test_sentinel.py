@@ -19,7 +19,7 @@ from rq import Queue
 from common import keys
 from common.connection import connect, connect_checked, primary_changes, write_replicated
 from common.embedded_redis import binary_version
-from tests.conftest import REPO, rq_bin, wait_event, worker_env
+from tests.conftest import REPO, kill_leftovers, rq_bin, wait_event, worker_env
 from tests.fixtures.sentinel import SentinelSet, stop_launcher, wait_for
 from common.rq_json import TaskSerializer
 
@@ -121,6 +121,7 @@ def test_a_run_survives_its_primary_killed_after_the_first_eval(tmp_path):
             summary, log = _finish(proc, tmp_path, name, conn)
         finally:
             stop_launcher(proc)
+            kill_leftovers(name)  # rqrl train's background teardown would outlive the servers
         assert summary["exit_code"] == 0 and summary["converged"] is True
         named = f"primary 127.0.0.1:{first} -> 127.0.0.1:{second}"
         assert summary["redis_failovers"] == 1 and summary["redis_failover"].startswith(named), summary
@@ -163,6 +164,7 @@ def test_a_run_survives_its_primary_killed_during_a_checkpoint_write(tmp_path):
             summary, log = _finish(proc, tmp_path, name, conn)
         finally:
             stop_launcher(proc)
+            kill_leftovers(name)  # rqrl train's background teardown would outlive the servers
         assert summary["exit_code"] == 0 and summary["redis_failovers"] == 1
         learner_log = (tmp_path / name / "r1" / "log" / "learner" / "learner.txt").read_text()
         assert "written again after the failover" in learner_log and "published again" in learner_log, learner_log[-3000:]
