@@ -131,11 +131,9 @@ def wait_event(conn, exp: str, pred, timeout: float) -> dict:
     raise AssertionError(f"no matching event on {keys.events(exp)} within {timeout} s")
 
 
-def wait_gone(marker: str, timeout: float = 60.0, in_cwd: bool = False) -> list[str]:
-    """Wait until no process but this one has ``marker`` in its command line (``in_cwd``: has the
-    folder ``marker`` as its working directory): ``rqrl train`` stops its children in a background
-    teardown after it returns. Returns the command lines of those still running after
-    ``timeout`` seconds (empty: all gone)."""
+def _processes_with(marker: str, in_cwd: bool = False) -> list:
+    """Processes but this one with ``marker`` in their command line (``in_cwd``: with the folder
+    ``marker`` as their working directory)."""
     import psutil
 
     def ours(p: "psutil.Process") -> bool:
@@ -145,8 +143,17 @@ def wait_gone(marker: str, timeout: float = 60.0, in_cwd: bool = False) -> list[
             return p.info["cwd"] == str(marker)
         return marker in " ".join(p.info["cmdline"] or [])
 
-    procs = [p for p in psutil.process_iter(["cmdline", "cwd"]) if ours(p)]
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p for p in psutil.process_iter(["cmdline", "cwd"]) if ours(p)]
+
+
+def wait_gone(marker: str, timeout: float = 60.0, in_cwd: bool = False) -> list[str]:
+    """Wait until no process but this one has ``marker`` in its command line (``in_cwd``: has the
+    folder ``marker`` as its working directory): ``rqrl train`` stops its children in a background
+    teardown after it returns. Returns the command lines of those still running after
+    ``timeout`` seconds (empty: all gone)."""
+    import psutil
+
+    _, alive = psutil.wait_procs(_processes_with(marker, in_cwd), timeout=timeout)
     return [" ".join(p.info["cmdline"] or []) for p in alive]
 
 
@@ -157,8 +164,7 @@ def kill_leftovers(marker: str) -> list[str]:
     by minutes, retrying a server that is gone. Returns the command lines killed."""
     import psutil
 
-    procs = [p for p in psutil.process_iter(["cmdline"])
-             if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or [])]
+    procs = _processes_with(marker)
     for p in procs:
         try:
             p.kill()

@@ -87,6 +87,7 @@ def test_many_machines_recipe_keeps_every_record_in_the_coordinators_run_folder(
     from tensorboard.backend.event_processing.io_wrapper import GetLogdirSubdirectories
 
     from rq import Worker
+    from rq.worker_registration import REDIS_WORKER_KEYS
 
     from common.connection import connect
 
@@ -96,6 +97,10 @@ def test_many_machines_recipe_keeps_every_record_in_the_coordinators_run_folder(
     head = tmp_path / "head"
     head.mkdir()
     env = worker_env(redis_server.url)
+    # Each rq worker's registration (SADD to RQ's worker set) wakes the wait: keyspace events.
+    conn.config_set("notify-keyspace-events", "Ks")
+    registrations = conn.pubsub(ignore_subscribe_messages=True)
+    registrations.subscribe(f"__keyspace@0__:{REDIS_WORKER_KEYS}")
     workers = [subprocess.Popen([rq_bin(), "worker", queue, "--url", redis_server.url, "-w", "workers.worker.PreloadWorker",
                                  "--name", f"{exp}-{queue}{i}"], cwd="/", env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.STDOUT)
@@ -103,10 +108,12 @@ def test_many_machines_recipe_keeps_every_record_in_the_coordinators_run_folder(
     try:
         # The workers are up first, as in the recipe: a coordinator that sees its collectors only
         # after the learner trained to its budget has no eval to record.
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 90  # a hang guard only
         while Worker.count(connection=conn) < len(workers):
-            assert time.monotonic() < deadline and all(w.poll() is None for w in workers), "the rq workers did not register"
-            time.sleep(0.05)  # RQ's registry has no blocking read
+            assert time.monotonic() < deadline, "the rq workers did not register within 90 s"
+            registrations.get_message(timeout=deadline - time.monotonic())  # None: the subscribe reply
+        registrations.close()
+        conn.config_set("notify-keyspace-events", "")
         coord = subprocess.run(
             [sys.executable, "-m", "coordinator", DQN, "--redis-url", redis_server.url, "--run-name", "r1",
              "--set", f"exp_name={exp}", "--set", "env.stop_value=100000", "--set", "commander.max_train_iter=200",
