@@ -19,6 +19,9 @@ from typing import Any
 
 from easydict import EasyDict
 
+from common.policy import DEFAULT_ALGORITHM, get_algorithm
+from common.spaces import make_importable
+
 
 class ConfigError(ValueError):
     """A bad config: the message names the file or the dotted key at fault."""
@@ -29,6 +32,9 @@ class ConfigError(ValueError):
 SYSTEM_DEFAULTS: dict[str, Any] = dict(
     exp_name="default_experiment",
     seed=0,
+    # Where step data goes (common/data_shards.py): "" = the control Redis (--redis-url); else
+    # "URL[,URL...]", one data shard each (--data-redis-url and $RQRL_DATA_REDIS_URL take precedence).
+    system=dict(data_redis_url=""),
     env=dict(
         env_id="CartPole-v1",
         # gymnasium.make keyword arguments, e.g. dict(max_episode_steps=200)
@@ -165,6 +171,9 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         max_wall_seconds=0.0,
         # Seconds to wait for the learner's final checkpoint after convergence.
         finish_timeout=30.0,
+        # A run that stops on a budget above (or Ctrl-C / SIGTERM: then at most 10 s) ends with one
+        # eval of the learner's newest policy version, waited for this many seconds (0 = none).
+        closing_eval_timeout=60.0,
         # RQ job_timeout (seconds) of each task; a learner task runs for the whole experiment.
         collector_job_timeout=600,
         learner_job_timeout=86400,
@@ -174,8 +183,6 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         max_task_failures=10,
     ),
 )
-
-DEFAULT_ALGORITHM = "dqn"  # create_config.policy.type when a config names none
 
 _CREATE_DEFAULTS: dict[str, Any] = dict(
     policy=dict(type=DEFAULT_ALGORITHM, import_names=[]),
@@ -217,9 +224,7 @@ def merge_strict(base: dict, override: dict, path: str = "", open_keys: frozense
             out[key] = copy.deepcopy(value)
             continue
         if key not in out:
-            near = difflib.get_close_matches(str(key), [str(k) for k in out], n=1)
-            hint = f"; did you mean {'.'.join(filter(None, [path, near[0]]))!r}?" if near else ""
-            raise ConfigError(f"unknown config key {dotted!r}{hint}")
+            raise ConfigError(f"unknown config key {dotted!r}{_did_you_mean(out, path, str(key))}")
         default = out[key]
         if value in _ALTERNATIVES.get(dotted, ()):
             out[key] = value
@@ -236,6 +241,32 @@ def merge_strict(base: dict, override: dict, path: str = "", open_keys: frozense
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _did_you_mean(node: dict, path: str, key: str) -> str:
+    """``"; did you mean 'a.b'?"`` for an unknown ``key`` below ``path``: the nearest key beside it,
+    else the keys deeper down whose last part is (nearly) ``key`` (``batch_size`` ->
+    ``policy.learn.batch_size``); ``""`` when nothing is near."""
+    near = difflib.get_close_matches(key, [str(k) for k in node], n=1)
+    if near:
+        return f"; did you mean {'.'.join(filter(None, [path, near[0]]))!r}?"
+    leaves: list[str] = []
+
+    def walk(d: dict, prefix: str) -> None:
+        for k, v in d.items():
+            leaves.append(f"{prefix}.{k}" if prefix else str(k))
+            if isinstance(v, dict):
+                walk(v, leaves[-1])
+
+    walk(node, path)
+    last = {leaf: leaf.rsplit(".", 1)[-1] for leaf in leaves}
+    found = [leaf for leaf, name in last.items() if name == key]
+    if not found:
+        names = difflib.get_close_matches(key, list(set(last.values())), n=3, cutoff=0.75)
+        found = [leaf for leaf, name in last.items() if name in names]
+    if not found:
+        return ""
+    return "; did you mean " + " or ".join(repr(f) for f in sorted(found)[:3]) + "?"
 
 
 _OPEN_KEYS = frozenset({"env.env_kwargs"})
@@ -267,7 +298,6 @@ def compile_config(main_config: dict, create_config: dict | None = None) -> Easy
     Raises:
         ConfigError: unknown keys, wrong types, or an unknown policy type.
     """
-    from common.policy import get_algorithm
     from common.registry import import_names
 
     create = merge_strict(_CREATE_DEFAULTS, create_config or {}, "create_config")
@@ -324,7 +354,6 @@ def _validate(cfg: dict) -> None:
     create = cfg.get("create") or {}
     learner_num = cfg["policy"]["learn"]["learner_num"]
     if (rb.get("priority") or learner_num > 1) and create:
-        from common.policy import get_algorithm
         from common.sources import get_source
 
         algo = get_algorithm(create["policy"]["type"])
@@ -362,6 +391,17 @@ def _validate(cfg: dict) -> None:
                           f"'zstd', got {codec!r}")
     if cfg["env"]["manager"]["type"] not in ("sync", "async"):
         raise ConfigError(f"config key 'env.manager.type' must be 'sync' or 'async', got {cfg['env']['manager']['type']!r}")
+    _check_algorithm_keys(cfg)
+
+
+def _check_algorithm_keys(cfg: dict) -> None:
+    """The algorithm's own ``policy.*`` keys (``Algorithm.check_config``); ConfigError names the key."""
+    create = cfg.get("create") or {}
+    if create:
+        try:
+            get_algorithm(create["policy"]["type"]).check_config(cfg["policy"])
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def load_config(path: str | Path) -> EasyDict:
@@ -376,8 +416,6 @@ def load_config(path: str | Path) -> EasyDict:
         raise ConfigError(f"config file {str(path)!r} " + ("is not a file" if path.exists() else "does not exist"))
     # A module next to the config file (or in the cwd) that registers a custom env is importable
     # from the file, whichever command runs it (a console script does not put the cwd on sys.path).
-    from common.spaces import make_importable
-
     make_importable(str(path.resolve().parent), os.getcwd())
     try:
         ns = runpy.run_path(str(path))

@@ -19,7 +19,8 @@ import redis
 from common import keys, streams
 
 # "scalars" and "log" carry a task's TensorBoard scalars and log lines to the coordinator's run
-# folder (common/logs.py): a learner on another machine writes nothing on its own disk.
+# folder (common/logs.py): a learner on another machine writes nothing on its own disk. A collector's
+# "scalars" also carry its finished training episodes (workers/episode_shipper.py).
 EVENT_TYPES = ("started", "finished", "failed", "learner_info", "scalars", "log")
 
 # Fields of a collector's ``finished`` event that are per-episode figures: a task that finished

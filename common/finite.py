@@ -66,7 +66,14 @@ def check_arrays(state: Any, what: str) -> None:
 
 def check_train_step(policy: Any, log_vars: Mapping[str, Any], train_iter: int) -> None:
     """After train iteration ``train_iter``: its logged scalars, then the gradients, then the weights
-    of every module of ``policy`` (:meth:`common.policy.base.Policy.modules`: ``model``, ``target_model``, ...).
+    the iteration stepped (parameters with a gradient) of every module of ``policy``
+    (:meth:`common.policy.base.Policy.modules`: ``model``, ``target_model``, ...).
+
+    Weights without a gradient are not looked at: a target network is a copy or an average of
+    weights checked when they were stepped, and what leaves the learner is checked again
+    (:func:`check_arrays`). The check is one max-|x| over all those tensors (torch's foreach norm:
+    NaN and inf propagate, finite values cannot overflow) and one sync; the offending tensor is
+    searched for only on failure. Per-tensor checks cost ~20 % of a CartPole DQN learner's time.
 
     Raises:
         NonFiniteError: ``train iter N: non-finite loss|gradient|weight NAME (...)``.
@@ -75,18 +82,17 @@ def check_train_step(policy: Any, log_vars: Mapping[str, Any], train_iter: int) 
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
             raise NonFiniteError(f"train iter {train_iter}: non-finite {k} = {v}")
     import torch
+    from torch.nn.utils import get_total_norm
 
-    modules = policy.modules()
-    params = [(f"{mk}.{pk}", p) for mk, m in modules.items() for pk, p in m.named_parameters()]
-    for kind, tensors in (("gradient", [(n, p.grad) for n, p in params if p.grad is not None]),
-                          ("weight", [(n, p) for n, p in params])):
-        if not tensors:
-            continue
-        with torch.no_grad():
-            flags = torch.stack([t.isfinite().all() for _, t in tensors])
-        if bool(flags.all()):  # one device sync for all tensors of the kind
-            continue
-        name, t = tensors[int((~flags).nonzero()[0])]
+    stepped = [(f"{mk}.{pk}", p) for mk, m in policy.modules().items() for pk, p in m.named_parameters()
+               if p.grad is not None]
+    tensors = [("gradient", n, p.grad) for n, p in stepped] + [("weight", n, p) for n, p in stepped]
+    if not tensors:
+        return
+    with torch.no_grad():
+        if bool(get_total_norm([t for _, _, t in tensors], norm_type=math.inf).isfinite()):
+            return
+        kind, name, t = next(x for x in tensors if not bool(x[2].isfinite().all()))  # gradients first
         bad = int((~t.detach().isfinite()).sum())
         raise NonFiniteError(f"train iter {train_iter}: non-finite {kind} {name} ({bad} of {t.numel()} values "
                              "are NaN or inf); lower policy.learn.learning_rate or set policy.learn.grad_clip_norm")

@@ -17,6 +17,7 @@ built by hand without ``run_name`` uses ``{exp_name}`` alone)::
     rqrl:{exp}:phases                        hash: phase name -> unix seconds (launch, first train step, ...)
     rqrl:{exp}:run                           string: id of the current run (tasks of older runs exit)
     rqrl:{exp}:coordinator                   string with a TTL: the live coordinator's name
+    rqrl:{exp}:write_probe                   string with a TTL: the coordinator's write probe (held or refused: Redis takes no writes)
     rqrl:{exp}:buffer:{buffer_id}:stats      hash: produced / resent / consumed / expired / corrupt / malformed / duplicate chunks, env steps
     rqrl:{exp}:tasks                         hash: task_id -> task record (JSON) of the coordinator's running tasks
     rqrl:{exp}:task:{task_id}:lease          string: present while the task may write (revoked when declared dead)
@@ -131,6 +132,11 @@ def data_pattern(exp: str) -> str:
     return f"{exp_prefix(exp)}:data:*"
 
 
+def buffers_pattern(exp: str) -> str:
+    """SCAN pattern matching every buffer's metadata stream and stats hash of one experiment."""
+    return f"{exp_prefix(exp)}:buffer:*"
+
+
 def policy(exp: str, policy_id: str) -> str:
     """Versioned policy weights (hash)."""
     return f"{exp_prefix(exp)}:policy:{_check('policy_id', policy_id)}"
@@ -175,6 +181,15 @@ def ckpt(exp: str, name: str) -> str:
     return f"{exp_prefix(exp)}:ckpt:{_check('ckpt name', name)}"
 
 
+def final_ckpt_name(ckpt_name: str, model: bool = False) -> str:
+    """The end-of-run checkpoint of the player whose resumable checkpoint is ``ckpt_name`` (``model``:
+    its acting weights as ``rqrl eval`` loads them, what final.pt is copied from): ``final`` /
+    ``final_model`` for the solo commander's "latest" (the names runs had before players), else
+    ``{ckpt_name}_final`` / ``{ckpt_name}_final_model``, so two players' learners never share one."""
+    base = "final" if ckpt_name == "latest" else f"{_check('ckpt name', ckpt_name)}_final"
+    return f"{base}_model" if model else base
+
+
 def commander(exp: str) -> str:
     """Commander summary hash written by the coordinator."""
     return f"{exp_prefix(exp)}:commander"
@@ -199,6 +214,11 @@ def run(exp: str) -> str:
 def coordinator_alive(exp: str) -> str:
     """Liveness key (TTL) of the coordinator that owns the experiment; a second one refuses to start."""
     return f"{exp_prefix(exp)}:coordinator"
+
+
+def write_probe(exp: str) -> str:
+    """The key the coordinator writes each liveness pass to learn whether Redis takes writes."""
+    return f"{exp_prefix(exp)}:write_probe"
 
 
 def buffer_stats(exp: str, buffer_id: str) -> str:

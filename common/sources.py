@@ -14,8 +14,9 @@ workers/sources/__init__.py for the class's contract)::
 
 Built in:
 
-    replay     workers/sources/replay.py     a replay buffer sampled under the replay-ratio limiter
-    on_policy  workers/sources/on_policy.py  only the rows of the learner's current policy version
+    replay        workers/sources/replay.py        a replay buffer sampled under the replay-ratio limiter
+    on_policy     workers/sources/on_policy.py     only the rows of the learner's current policy version
+    consume_once  workers/sources/consume_once.py  every row once, oldest first (IMPALA's queue of trajectories)
 
 A new source is one module that registers its spec and defines its class (name it in
 ``create_config.policy.import_names`` with the algorithm that uses it); the collector, the learner,
@@ -93,3 +94,5 @@ def get_source(name: str) -> DataSourceSpec:
 register_source(DataSourceSpec("replay", "workers.sources.replay:ReplayFeeder", learner_groups=True, replay_buffer=True))
 register_source(DataSourceSpec("on_policy", "workers.sources.on_policy:OnPolicySource", chunk_rows="emitted",
                                waits_for_new_version=True, publish_every_iter=True))
+register_source(DataSourceSpec("consume_once", "workers.sources.consume_once:ConsumeOnceSource", chunk_rows="emitted",
+                               waits_for_new_version=False, publish_every_iter=True))

@@ -102,10 +102,11 @@ def read_group(
     return [e for _, entries in reply for e in entries if e[1] is not None]
 
 
-def claim_pending(conn: redis.Redis, stream: str, group: str, consumer: str,
-                  count: int) -> Iterator[tuple[list[tuple[bytes, dict[bytes, bytes]]], list[bytes], int]]:
+def claim_pending(conn: redis.Redis, stream: str, group: str, consumer: str, count: int,
+                  min_idle_ms: int = 0) -> Iterator[tuple[list[tuple[bytes, dict[bytes, bytes]]], list[bytes], int]]:
     """Take over every entry pending in ``group`` on ``stream`` for ``consumer`` (XAUTOCLAIM from
-    ``0-0`` to the end, at most ``count`` entries a round): an earlier reader's unacked entries.
+    ``0-0`` to the end, at most ``count`` entries a round): an earlier reader's unacked entries,
+    those delivered at least ``min_idle_ms`` milliseconds ago.
 
     Yields, per round:
         ``(claimed, gone, nil)``: the entries still on the stream (``[(entry_id, raw_fields)]``);
@@ -115,14 +116,8 @@ def claim_pending(conn: redis.Redis, stream: str, group: str, consumer: str,
     """
     start: bytes | str = "0-0"
     while True:
-        reply = conn.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=start, count=count)
+        reply = conn.xautoclaim(stream, group, consumer, min_idle_time=min_idle_ms, start_id=start, count=count)
         start, claimed = reply[0], [e for e in reply[1] if e[1] is not None]
         yield claimed, list(reply[2]) if len(reply) > 2 else [], len(reply[1]) - len(claimed)
         if start in (b"0-0", "0-0"):
             return
-
-
-def ack(conn: redis.Redis, stream: str, group: str, ids: list[bytes]) -> None:
-    """XACK ``ids``; no-op for an empty list."""
-    if ids:
-        conn.xack(stream, group, *ids)

@@ -40,4 +40,22 @@ class TaskSpace:
         return self.cur - self.min_val
 
     def state_dict(self) -> dict[str, int]:
+        """``min_val``, ``max_val`` and ``cur`` (ints): the wire form :meth:`load_state_dict` reads."""
         return {"min_val": self.min_val, "max_val": self.max_val, "cur": self.cur}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Adopt :meth:`state_dict` output.
+
+        Raises:
+            ValueError: a key is missing or not an int, or the values break ``0 <= min_val <= max_val``
+                and ``min_val <= cur``.
+        """
+        got = {}
+        for name in ("min_val", "max_val", "cur"):
+            value = state.get(name) if isinstance(state, dict) else None
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"task space state needs int {name!r}, got {state!r}")
+            got[name] = value
+        if not 0 <= got["min_val"] <= got["max_val"] or got["cur"] < got["min_val"]:
+            raise ValueError(f"task space state needs 0 <= min_val <= max_val and min_val <= cur, got {state!r}")
+        self.min_val, self.max_val, self.cur = got["min_val"], got["max_val"], got["cur"]

@@ -1,4 +1,5 @@
-"""``python -m coordinator CONFIG [--redis-url URL] [--seed S] [--run-name NAME] [--set KEY=VALUE ...]``."""
+"""``python -m coordinator CONFIG [--redis-url URL] [--data-redis-url URL[,URL...]] [--seed S] [--run-name NAME]
+[--set KEY=VALUE ...]``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("config", help="DI-engine style config file defining main_config (and create_config)")
     ap.add_argument("--redis-url", default=None, help="redis://[user:pass@]host:port/db, rediss:// or unix:// "
                                                       "(default: $RQRL_REDIS_URL or redis://127.0.0.1:6379/0)")
+    ap.add_argument("--data-redis-url", default=None, metavar="URL[,URL...]",
+                    help="Redis servers for the run's step data, one data shard each (default: "
+                         "$RQRL_DATA_REDIS_URL, else config system.data_redis_url, else the --redis-url one); "
+                         "workers need the same list in $RQRL_DATA_REDIS_URL (or the config)")
     ap.add_argument("--seed", type=int, default=None, help="override the config's seed")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set policy.learn.batch_size=128 (repeatable)")
@@ -57,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from coordinator.daemon import Coordinator, CoordinatorError, live_workers
 
+    from common.data_shards import DataShardConfigError, DataShards, resolve_urls
+
     try:
         conn = connect_checked(args.redis_url)
-    except RedisUnavailable as e:
+        urls = resolve_urls(args.data_redis_url, cfg)
+        data = DataShards(urls) if urls else None
+    except (RedisUnavailable, DataShardConfigError) as e:
         print(e, file=sys.stderr)
         return 1
     from common import server_limits
@@ -72,14 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         2, live_workers(conn, Queue(keys.COLLECTOR_QUEUE, connection=conn)))
     try:
         warnings = check_memory_settings(conn, cfg, args.allow_eviction, int(collectors))
+        if data:
+            warnings += data.check(cfg, args.allow_eviction, int(collectors))
         for warning in warnings + server_limits.check(conn, cfg, int(collectors)):
             print(f"warning: {warning}", file=sys.stderr, flush=True)
-    except RedisNotSuitable as e:
+    except (RedisUnavailable, RedisNotSuitable) as e:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1
     try:
         return Coordinator(cfg, conn, args.out_dir, fresh=args.fresh, run_name=args.run_name,
-                           resume=args.resume, started_at=args.started_at, done_fd=args.done_fd).run()
+                           resume=args.resume, started_at=args.started_at, done_fd=args.done_fd, data=data).run()
     except CoordinatorError as e:
         print(f"coordinator: {e}", file=sys.stderr)
         return 1

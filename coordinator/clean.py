@@ -218,8 +218,27 @@ def _drop_entry(conn: Any, registry: Any, label: str, job_id: str) -> None:
         registry.remove(job_id)
 
 
-def delete(conn: Any, p: Plan) -> dict[str, int]:
-    """Delete what ``p`` lists: stop running jobs, delete jobs, keys, and the runs' entries in ``rqrl:runs``.
+def _drop_step_data(conn: Any, names: list[str], shards: Any = None) -> int:
+    """Delete the step data of each run among the keys ``names`` through its step-data stores (on
+    ``conn`` and on every data shard of ``shards``, common/data_shards.py); returns how many keys
+    went. A namespace that is no valid one (a stray key) holds none."""
+    from common.data_shards import run_stores
+    from common.step_data import StepDataStore
+
+    deleted = 0
+    for ns in sorted({_key_namespace(k.encode()) for k in names}):
+        try:
+            # The control Redis too: what the run left there before it had data shards.
+            stores = [StepDataStore(conn, ns), *(run_stores(conn, shards, ns) if shards else [])]
+        except ValueError:
+            continue
+        deleted += sum(store.drop_run() for store in stores)
+    return deleted
+
+
+def delete(conn: Any, p: Plan, shards: Any = None) -> dict[str, int]:
+    """Delete what ``p`` lists: stop running jobs, delete jobs, the runs' step data (common/step_data.py),
+    their other keys, and the runs' entries in ``rqrl:runs``.
 
     Returns:
         counts ``{"keys": n, "jobs": n, "stopped": n}``.
@@ -249,7 +268,7 @@ def delete(conn: Any, p: Plan) -> dict[str, int]:
         job.delete(remove_from_queue=True)
         jobs += 1
     names = [k.key for k in p.keys]
-    deleted = 0
+    deleted = _drop_step_data(conn, names, shards)
     for i in range(0, len(names), 1000):
         deleted += int(conn.delete(*names[i:i + 1000]))
     if p.listed:
@@ -263,12 +282,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="a run, EXP/RUN (as rqrl status lists it), or an experiment EXP (exp_name: all its runs)")
     ap.add_argument("--redis-url", default=None,
                     help="redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)")
+    ap.add_argument("--data-redis-url", default=None, metavar="URL[,URL...]",
+                    help="the run's data shards, whose step data goes too (default: $RQRL_DATA_REDIS_URL)")
     ap.add_argument("--yes", action="store_true", help="really delete (default: a dry run that only lists)")
     ap.add_argument("--force", action="store_true", help="delete even while a coordinator of these runs is alive")
 
 
-def clean(conn: Any, exp: str, yes: bool = False, force: bool = False, out: Any = None) -> int:
-    """``rqrl clean`` on an open connection; prints to ``out`` (stdout); returns the exit code."""
+def clean(conn: Any, exp: str, yes: bool = False, force: bool = False, out: Any = None, shards: Any = None) -> int:
+    """``rqrl clean`` on an open connection (and the run's data shards ``shards``, a
+    :class:`common.data_shards.DataShards`); prints to ``out`` (stdout); returns the exit code."""
     from common import keys
 
     out = out or sys.stdout
@@ -293,7 +315,7 @@ def clean(conn: Any, exp: str, yes: bool = False, force: bool = False, out: Any 
         print(f"dry run: nothing deleted; run again with --yes to delete these {len(p.keys)} keys and "
               f"{len(p.jobs)} RQ jobs", file=out)
         return 0
-    counts = delete(conn, p)
+    counts = delete(conn, p, shards)
     print(f"deleted {counts['keys']} keys and {counts['jobs']} RQ jobs of {exp}"
           + (f" (sent stop to {counts['stopped']} running)" if counts["stopped"] else "")
           + (f"; removed {len(p.listed)} runs from {keys.runs()}" if p.listed else ""), file=out)
@@ -305,14 +327,18 @@ def run(args: argparse.Namespace) -> int:
 
     from common.connection import RedisUnavailable, connect_checked, redact, resolve_url, scrub
 
+    from common.data_shards import DataShardConfigError, DataShards, resolve_urls
+
     url = resolve_url(args.redis_url)
     try:
         conn = connect_checked(url, socket_timeout=10)
-    except RedisUnavailable as e:
+        data_urls = resolve_urls(args.data_redis_url)
+        shards = DataShards(data_urls) if data_urls else None
+    except (RedisUnavailable, DataShardConfigError) as e:
         print(f"rqrl clean: error: {e}", file=sys.stderr)
         return 1
     try:
-        return clean(conn, args.exp, yes=args.yes, force=args.force)
+        return clean(conn, args.exp, yes=args.yes, force=args.force, shards=shards)
     except redis.RedisError as e:
         print(f"rqrl clean: error: Redis at {redact(url)}: {scrub(str(e), url)}", file=sys.stderr)
         return 1

@@ -10,9 +10,11 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from common import keys, presets, spaces
 from common.config import ConfigError, apply_overrides, load_config
+from common.data_shards import DataShardConfigError, resolve_urls
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
 from coordinator import runs
@@ -24,13 +26,22 @@ def _load(path: str, overrides: list[str], seed: int | None):
     return apply_overrides(cfg, extra) if extra else cfg
 
 
-def _check_redis(url: str | None, cfg, allow_eviction: bool, collectors: int) -> None:
-    """An existing Redis (``--redis-url``) answers at once and suits a run (noeviction, or
-    ``--allow-eviction``), checked before anything is launched or created (one try, at most 2 s).
+def _check_redis(url: str | None, cfg, allow_eviction: bool, collectors: int, data_urls: list[str] = ()) -> None:
+    """An existing Redis (``--redis-url``) and every data shard (``data_urls``) answer at once and
+    suit a run (noeviction, or ``--allow-eviction``), checked before anything is launched or
+    created (one try, at most 2 s each).
 
     Raises:
-        RedisUnavailable, RedisNotSuitable: naming the redacted URL.
+        RedisUnavailable, RedisNotSuitable: naming the redacted URL (and the data shard).
     """
+    if data_urls:
+        from common.data_shards import DataShards
+
+        shards = DataShards(data_urls)
+        try:
+            shards.check(cfg, allow_eviction, collectors, patient=False)
+        finally:
+            shards.close()
     if url is None:
         return  # a private redis-server: started, and checked, by the launcher
     from common import server_limits
@@ -139,7 +150,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise ConfigError("config key 'policy.cuda' is True but this machine has no CUDA device; "
                               "set policy.cuda=False, or 'auto' to use CUDA where it exists")
-    _check_redis(args.redis_url, cfg, args.allow_eviction, args.collectors)
+    data_urls = resolve_urls(args.data_redis_url, cfg)
+    _check_redis(args.redis_url, cfg, args.allow_eviction, args.collectors, data_urls)
     if args.dry_run:
         what = f"resume run {run_dir}" if run_dir is not None else f"start a run in ./{cfg.exp_name}/"
         print(f"dry run: config, env spaces{' and Redis' if args.redis_url else ''} checked; would {what} with "
@@ -162,7 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from coordinator.launcher import Launcher
 
     return Launcher(cfg, args.config, args.redis_url, args.collectors, coord_args, run_dir.name,
-                    started_at=started_at, resume=resume).run()
+                    started_at=started_at, resume=resume, data_urls=data_urls).run()
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -265,14 +277,25 @@ def _add_preset_arguments(p: argparse.ArgumentParser) -> None:
                         "default: the env's first preset)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rqrl", description="Distributed RL training on Redis and RQ.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _add_fleet_commands(sub: Any) -> None:
+    """``rqrl coordinator`` and ``rqrl worker QUEUE``: both hand their arguments on whole
+    (:func:`main` routes them before parsing); listed here for ``rqrl --help``."""
+    sub.add_parser("coordinator", add_help=False,
+                   help="the coordinator daemon of a many-machines run (python -m coordinator's options; --help)")
+    wk = sub.add_parser("worker", help="a collector or learner worker of a many-machines run: rq worker QUEUE with "
+                                       "rqrl's worker class (rq worker's options follow, e.g. --url; --help)")
+    wk.add_argument("queue", choices=sorted(WORKER_CLASS))
 
-    url_help = "redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)"
+
+def _add_train_command(sub: Any, url_help: str) -> None:
+    """``rqrl train``'s arguments."""
     t = sub.add_parser("train", help="train on this machine: Redis, coordinator and workers as child processes")
     _add_preset_arguments(t)
     t.add_argument("--redis-url", default=None, help=url_help + "; default: a private redis-server")
+    t.add_argument("--data-redis-url", default=None, metavar="URL[,URL...]",
+                   help="Redis servers for step data (chunks), one data shard each; queues, leases and the run's "
+                        "records stay on --redis-url (default: $RQRL_DATA_REDIS_URL, else config "
+                        "system.data_redis_url, else none: step data on --redis-url)")
     t.add_argument("--collectors", type=int, default=2, help="collector workers to start (default 2), plus one kept free for evaluation; "
                    "the run's collector tasks follow the live workers")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
@@ -290,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the config, the env's spaces and --redis-url as a launch would, then exit "
                         "(0: it would start) without starting or creating anything")
     t.set_defaults(func=cmd_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rqrl", description="Distributed RL training on Redis and RQ.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    url_help = "redis://[user:pass@]host:port/db, rediss:// or unix:// (default: $RQRL_REDIS_URL)"
+    _add_train_command(sub, url_help)
 
     w = sub.add_parser("sweep", help="the seeds of one config as concurrent runs on one Redis and worker fleet; "
                                      "then a table and a plot across seeds")
@@ -330,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     # The modules below import only the standard library at load time (torch etc. come later).
     from coordinator import clean, curve, evaluate
 
-    e = sub.add_parser("eval", help="play deterministic episodes with a saved final.pt (optionally film them)")
+    e = sub.add_parser("eval", help="play episodes with a saved final.pt, acting as the run's evals did "
+                       "(a DQN: epsilon-greedy with policy.eval.eps), optionally filmed")
     evaluate.add_arguments(e)
     e.set_defaults(func=cmd_eval)
 
@@ -341,7 +373,37 @@ def build_parser() -> argparse.ArgumentParser:
     cl = sub.add_parser("clean", help="list (dry run) or delete (--yes) one run's or experiment's Redis keys and RQ jobs")
     clean.add_arguments(cl)
     cl.set_defaults(func=cmd_clean)
+
+    _add_fleet_commands(sub)
     return ap
+
+
+# What each queue's worker runs (as rqrl train starts them): collectors keep their envs between
+# tasks in-process, the learner forks a work-horse from a parent that imported torch already.
+WORKER_CLASS = {"collector": "workers.worker.CollectorWorker", "learner": "workers.worker.PreloadWorker"}
+
+
+def cmd_coordinator(argv: list[str]) -> int:
+    """``rqrl coordinator ...``: ``python -m coordinator ...`` without the cwd first on sys.path."""
+    from coordinator.__main__ import main as coordinator_main
+
+    return coordinator_main(argv)
+
+
+def cmd_worker(queue: str, argv: list[str]) -> int:
+    """``rqrl worker QUEUE [rq worker options]``: RQ's own ``rq worker`` command, with rqrl's worker
+    class for the queue. RQ puts its ``--path`` (default ``.``) first on sys.path, so a module in
+    the folder it starts in would shadow rqrl's packages; the path given is where they are
+    installed instead (a ``--path`` of the user's own comes after it)."""
+    from rq.cli import main as rq_main
+
+    home = str(Path(keys.__file__).resolve().parents[1])
+    try:
+        rq_main.main(args=["worker", queue, "-w", WORKER_CLASS[queue], "--path", home, *argv],
+                     prog_name="rqrl", standalone_mode=False)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,13 +417,18 @@ def main(argv: list[str] | None = None) -> int:
         # Started by a script's `rqrl ... &`, the process inherits SIGINT ignored, and Python then
         # installs no KeyboardInterrupt: Ctrl-C / kill -INT must still stop any rqrl command.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    raw = sys.argv[1:] if argv is None else list(argv)
+    if raw[:1] == ["coordinator"]:
+        return cmd_coordinator(raw[1:])
+    if raw[:1] == ["worker"] and raw[1:2] and raw[1] in WORKER_CLASS:
+        return cmd_worker(raw[1], raw[2:])
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)
     except (ConfigError, spaces.SpaceError) as e:
         print(f"config error: {e}", file=sys.stderr)
         code = 1
-    except (RedisUnavailable, RedisNotSuitable) as e:
+    except (RedisUnavailable, RedisNotSuitable, DataShardConfigError) as e:
         print(f"rqrl: {e}", file=sys.stderr)
         code = 1
     if argv is None and args.func is cmd_train:

@@ -20,8 +20,10 @@ def render(summary: dict[str, Any]) -> str:
     """The closing lines of a run from its summary (summary.json's fields: ``exp_name``,
     ``run_name``, ``status``, ``wall_seconds``, ``envstep``, ``train_iter``,
     ``last_eval_reward_mean``, ``stop_value``, ``final_pt``, ``final_policy_version``,
-    ``final_eval_task``, ``curve_png`` and ``phases``)."""
+    ``final_eval_task``, ``final_eval``, ``curve_png`` and ``phases``)."""
     final = summary.get("final_pt") or ""
+    last_eval = summary.get("final_eval") or {}
+    closing_note = f", the closing eval at {last_eval.get('envstep')} env steps" if last_eval.get("closing") else ""
     final_note = ""
     if final:
         final_note = (f" (policy version {summary.get('final_policy_version')}"
@@ -31,7 +33,8 @@ def render(summary: dict[str, Any]) -> str:
         f"  wall time      {float(summary['wall_seconds']):.1f} s",
         f"  env steps      {summary['envstep']}",
         f"  train iters    {summary['train_iter']}",
-        f"  last eval      {_fmt(summary.get('last_eval_reward_mean'))} (stop_value {summary.get('stop_value')})",
+        f"  last eval      {_fmt(summary.get('last_eval_reward_mean'))} (stop_value {summary.get('stop_value')}"
+        f"{closing_note})",
         f"  final policy   {final or 'not saved'}" + final_note,
         f"  curve          {summary.get('curve_png') or 'no evaluations'}",
         f"  phases         {phases.render(summary.get('phases') or {})}",

@@ -232,20 +232,42 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
     Raises:
         EvalError: see :func:`load_saved`; a policy that does not fit the env, env and video problems.
     """
-    import numpy as np
-
-    from common import spaces
-    from common.config import ConfigError, apply_overrides, compile_config
-    from common.policy import create_policy
-    from common.seeding import episode_seed
-
     video_path = Path(video) if video else None
     backend = _video_backend(video_path) if video_path else None
     if video_path and video_episodes < 1:
         raise EvalError(f"--video-episodes must be >= 1, got {video_episodes}")
-    where = str(path)
     saved = load_saved(path)
     notes: list[str] = []
+    cfg, spec = _config_and_spec(path, saved, cfg, overrides, notes)
+    episodes = int(cfg.env.n_evaluator_episode if episodes is None else episodes)
+    if episodes < 1:
+        raise EvalError(f"--episodes must be >= 1, got {episodes}")
+    seed = int(cfg.seed if seed is None else seed)
+    policy = _eval_policy(str(path), cfg, spec, saved)
+    env = _make_env(cfg.env, render=video_path is not None)
+    try:
+        writer: Optional[_VideoWriter] = None
+        if video_path is not None:
+            video_path.parent.mkdir(parents=True, exist_ok=True)
+            writer = _VideoWriter(video_path, backend, (env.metadata or {}).get("render_fps") or 30)
+        returns, lengths = _play(env, policy, cfg, spec, episodes, seed, writer, video_episodes, notes)
+        frames = 0
+        if writer is not None:
+            frames = writer.count
+            writer.close()
+    finally:
+        env.close()
+    return EvalResult(returns, lengths, cfg.env.env_id, seed, video_path, frames, notes)
+
+
+def _config_and_spec(path: str | Path, saved: Saved, cfg: Any, overrides: tuple[str, ...],
+                     notes: list[str]) -> tuple[Any, Any]:
+    """The config to play with (the file's own, its env section swapped for ``cfg``'s; else ``cfg``, else
+    the defaults; then ``overrides``) and the env's spaces, which must be those the policy was trained on."""
+    from common import spaces
+    from common.config import ConfigError, apply_overrides, compile_config
+
+    where = str(path)
     try:
         if saved.config is not None:
             own = compile_config({k: v for k, v in saved.config.items() if k != "create"}, saved.config.get("create"))
@@ -266,58 +288,68 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
     if saved.spaces is not None and spec != spaces.SpaceSpec.from_dict(dict(saved.spaces, env_id=spec.env_id)):
         raise EvalError(f"{where}: the policy was trained on spaces {saved.spaces} but env {cfg.env.env_id!r} has "
                         f"{spec.to_dict()}")
-    episodes = int(cfg.env.n_evaluator_episode if episodes is None else episodes)
-    if episodes < 1:
-        raise EvalError(f"--episodes must be >= 1, got {episodes}")
-    seed = int(cfg.seed if seed is None else seed)
+    return cfg, spec
+
+
+def _eval_policy(where: str, cfg: Any, spec: Any, saved: Saved) -> Any:
+    """The config's policy in eval mode on the CPU, holding ``saved``'s weights (EvalError if they do not fit)."""
+    from common import spaces
+    from common.policy import create_policy
+
     try:
         spaces.check_model(cfg, spec)
         policy = create_policy(cfg, spec, modes=("eval",), device="cpu")
         policy.set_weights({k: v.detach().to("cpu").float().numpy() for k, v in saved.weights.items()})
     except (ValueError, KeyError) as e:
         raise EvalError(f"{where}: {e}") from None
+    return policy
 
-    env = _make_env(cfg.env, render=video_path is not None)
-    writer: Optional[_VideoWriter] = None
-    try:
-        if video_path is not None:
-            video_path.parent.mkdir(parents=True, exist_ok=True)
-            writer = _VideoWriter(video_path, backend, (env.metadata or {}).get("render_fps") or 30)
-        max_s = float(cfg.policy.eval.evaluator.max_episode_seconds or 0)
-        returns: list[float] = []
-        lengths: list[int] = []
-        # The policy's eval randomness (a DQN's eval epsilon, PPO's sampling): one stream from the seed.
-        rng = np.random.default_rng(seed)
-        for i in range(episodes):
-            film = writer is not None and i < video_episodes
-            obs, _ = env.reset(seed=episode_seed(seed, i))
-            if film:
-                writer.add(_render(env, cfg.env.env_id))
-            ret, length, start = 0.0, 0, time.monotonic()
-            while True:
-                action = policy.act_eval(spec.obs_batch(np.asarray(obs)[None]), rng)[0]
-                obs, reward, terminated, truncated, _ = env.step(action)
-                ret += float(reward)
-                length += 1
-                if film:
-                    writer.add(_render(env, cfg.env.env_id))
-                if terminated or truncated:
-                    break
-                if max_s and time.monotonic() - start > max_s:
-                    notes.append(f"episode {i} cut after {max_s:g} s (policy.eval.evaluator.max_episode_seconds)")
-                    break
-            if not np.isfinite(ret):
-                raise EvalError(f"env {cfg.env.env_id!r} returned a non-finite reward in episode {i}")
-            returns.append(ret)
-            lengths.append(length)
-        frames = 0
-        if writer is not None:
-            frames = writer.count
-            writer.close()
-            writer = None
-    finally:
-        env.close()
-    return EvalResult(returns, lengths, cfg.env.env_id, seed, video_path, frames, notes)
+
+def _play(env: Any, policy: Any, cfg: Any, spec: Any, episodes: int, seed: int, writer: Optional[_VideoWriter],
+          video_episodes: int, notes: list[str]) -> tuple[list[float], list[int]]:
+    """Returns and lengths of ``episodes`` episodes; the first ``video_episodes`` are filmed into ``writer``."""
+    import numpy as np
+
+    from common.seeding import episode_seed
+
+    max_s = float(cfg.policy.eval.evaluator.max_episode_seconds or 0)
+    returns: list[float] = []
+    lengths: list[int] = []
+    # The policy's eval randomness (a DQN's eval epsilon, PPO's sampling): one stream from the seed.
+    rng = np.random.default_rng(seed)
+    for i in range(episodes):
+        film = writer if writer is not None and i < video_episodes else None
+        ret, length, cut = _play_episode(env, policy, spec, cfg.env.env_id, episode_seed(seed, i), rng, film, max_s)
+        if cut:
+            notes.append(f"episode {i} cut after {max_s:g} s (policy.eval.evaluator.max_episode_seconds)")
+        if not np.isfinite(ret):
+            raise EvalError(f"env {cfg.env.env_id!r} returned a non-finite reward in episode {i}")
+        returns.append(ret)
+        lengths.append(length)
+    return returns, lengths
+
+
+def _play_episode(env: Any, policy: Any, spec: Any, env_id: str, env_seed: int, rng: Any,
+                  film: Optional[_VideoWriter], max_s: float) -> tuple[float, int, bool]:
+    """(return, length, cut) of one episode from ``env.reset(seed=env_seed)``; ``cut``: it ran past
+    ``max_s`` seconds (0: no limit) and was stopped."""
+    import numpy as np
+
+    obs, _ = env.reset(seed=env_seed)
+    if film is not None:
+        film.add(_render(env, env_id))
+    ret, length, start = 0.0, 0, time.monotonic()
+    while True:
+        action = policy.act_eval(spec.obs_batch(np.asarray(obs)[None]), rng)[0]
+        obs, reward, terminated, truncated, _ = env.step(action)
+        ret += float(reward)
+        length += 1
+        if film is not None:
+            film.add(_render(env, env_id))
+        if terminated or truncated:
+            return ret, length, False
+        if max_s and time.monotonic() - start > max_s:
+            return ret, length, True
 
 
 def _render(env: Any, env_id: str) -> Any:

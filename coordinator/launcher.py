@@ -26,19 +26,20 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import redis
-from setproctitle import setproctitle
 
 from common import keys, phases, server_limits, streams
 from easydict import EasyDict
 from common.connection import connect, connect_checked, redact, scrub
+from common.data_shards import ENV_DATA_URL
 from common.embedded_redis import EmbeddedRedis
 from common.redis_memory import check_memory_settings
 from coordinator import closing
+from coordinator.children import Child, fork_child, run_detached, stop_children
+from coordinator.eval_judge import closing_eval_seconds
 from coordinator.lifeline import Lifeline
 from coordinator.progress import Progress, budgets_of
 
@@ -54,67 +55,6 @@ _MAX_RESTARTS = 5
 _LAST_WORDS = 5
 # How long the background teardown lets the coordinator draw curve.png before stopping it.
 _CURVE_GRACE_S = 60.0
-
-
-class _Child:
-    """A forked child process, with the part of ``subprocess.Popen``'s interface the launcher uses.
-
-    Waiting with a timeout blocks on a pidfd (Linux >= 5.3); without one it checks every 50 ms.
-    """
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: Optional[int] = None
-        try:
-            self._pidfd: Optional[int] = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
-
-    def poll(self) -> Optional[int]:
-        """The exit code, or None while it runs. In a process that did not fork it (the background
-        teardown, see :meth:`Launcher._teardown_in_background`) an ended child reads as -1."""
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = (self.pid, None) if self._ended() else (0, None)
-            if pid:
-                self.returncode = -1 if status is None else os.waitstatus_to_exitcode(status)
-                if self._pidfd is not None:
-                    os.close(self._pidfd)
-        return self.returncode
-
-    @property
-    def pidfd(self) -> Optional[int]:
-        """A pidfd of the process while it runs (readable once it ended), or None (none available)."""
-        return self._pidfd if self.returncode is None else None
-
-    def _ended(self) -> bool:
-        """Whether the process ended, without waiting for it (it need not be this process's child)."""
-        if self._pidfd is not None:
-            return bool(select.select([self._pidfd], [], [], 0)[0])
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        """The exit code; raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-            if self._pidfd is not None:
-                select.select([self._pidfd], [], [], left)
-            else:
-                time.sleep(0.05 if left is None else min(0.05, left))
-        return self.returncode  # type: ignore[return-value]
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
 
 
 def _rq_worker_main(argv: list[str]) -> int:
@@ -169,6 +109,88 @@ def _drop_if_empty(run_dir: Path) -> None:
             pass
 
 
+class _Phases:
+    """The phases this process passes (common/phases.py: launch, redis_up, workers_up, exit), written
+    to the run's hash once the coordinator has claimed the run (its claim clears what an earlier run
+    of the name left)."""
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+        self.at: dict[str, float] = {"launch": phases.process_start_time()}  # name -> unix seconds
+        self._written: set[str] = set()
+
+    def note(self, conn: redis.Redis, worker_names: list[str], stale_run_id: Optional[bytes]) -> None:
+        """Write this process's phases (launch, redis_up, workers_up: the last of its workers' RQ
+        registrations) to the run's phases hash, once the coordinator has claimed the run (a run id
+        other than the one found at the start: the claim first clears the keys of an earlier run)."""
+        if "workers_up" not in self.at and worker_names:
+            from rq import Worker  # imported by now (the workers' modules), not before the coordinator's fork
+
+            worker_keys = [Worker.redis_worker_namespace_prefix + n for n in worker_names]
+            if conn.exists(*worker_keys) == len(worker_keys):
+                born = [Worker.find_by_key(k, connection=conn) for k in worker_keys]
+                dates = [w.birth_date for w in born if w is not None and w.birth_date is not None]
+                if len(dates) == len(worker_keys):
+                    self.at["workers_up"] = max(d.timestamp() for d in dates)
+        todo = [name for name in self.at if name not in self._written]
+        run_id = conn.get(keys.run(self.ns)) if todo else None
+        if run_id is None or run_id == stale_run_id:
+            return
+        pipe = conn.pipeline(transaction=False)
+        for name in todo:
+            phases.record(pipe, self.ns, name, self.at[name], first_only=False)
+        pipe.execute()
+        self._written.update(todo)
+
+    def record_exit(self, conn: redis.Redis, summary_path: Path, summary: dict[str, Any]) -> None:
+        """Phase ``exit`` (now: the closing lines and the return are next) into summary.json, with this
+        process's other phases should Redis not have them, and into Redis."""
+        self.at["exit"] = time.time()
+        merged = {**summary.get("phases", {}), **self.at}
+        summary["phases"] = {name: merged[name] for name in phases.NAMES if name in merged}
+        tmp = summary_path.with_name(summary_path.name + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(summary_path)
+        try:
+            phases.record(conn, self.ns, "exit", self.at["exit"], first_only=False)
+        except redis.RedisError:
+            pass  # summary.json has it
+
+
+class _DonePipe:
+    """Read end of the coordinator's done pipe: its exit code arrives there once summary.json and
+    final.pt are written (coordinator/daemon.py, done_fd)."""
+
+    def __init__(self) -> None:
+        self.fd: Optional[int] = None
+        self.code: Optional[int] = None  # the coordinator's exit code, once it came
+
+    def open(self) -> int:
+        """Make the pipe; returns its write end (the coordinator's alone: close it here once forked)."""
+        self.fd, write_end = os.pipe()
+        return write_end
+
+    def wait(self, coord: Child, timeout: float) -> bool:
+        """True once the coordinator has sent its exit code through the done pipe (summary.json and
+        final.pt are written) or has exited; waits at most ``timeout`` seconds for either."""
+        deadline = time.monotonic() + timeout
+        while self.code is None and coord.poll() is None:
+            fds = [fd for fd in (self.fd, coord.pidfd) if fd is not None]
+            left = max(0.0, deadline - time.monotonic())
+            # Without a pidfd (Linux < 5.3) the coordinator's exit is looked at every 50 ms.
+            ready = select.select(fds, [], [], left if coord.pidfd is not None else min(left, 0.05))[0]
+            if self.fd is not None and self.fd in ready:
+                data = os.read(self.fd, 64)
+                if data.strip():
+                    self.code = int(data.split()[0])
+                else:  # EOF, no code: the coordinator ended before its summary; its exit code will tell
+                    os.close(self.fd)
+                    self.fd = None
+            elif not ready and time.monotonic() >= deadline:
+                return False
+        return True
+
+
 class Launcher:
     """Runs one experiment on this machine (see module docstring).
 
@@ -184,12 +206,15 @@ class Launcher:
         run_name: the run's name (its folder exists: coordinator/runs.py reserves it).
         started_at: unix seconds of the launch, where the run's clock starts (default now).
         resume: the run's ``resume.json`` when it is resumed from its folder (``--resume``).
+        data_urls: the data shards' URLs (``--data-redis-url``; [] = step data on the run's Redis),
+            handed to the coordinator and workers in ``$RQRL_DATA_REDIS_URL`` (never on a command line).
     """
 
     def __init__(self, cfg: EasyDict, config_path: str, redis_url: Optional[str], collectors: int,
                  coordinator_args: list[str], run_name: str, out_dir: str = ".", started_at: Optional[float] = None,
-                 resume: Optional[dict[str, Any]] = None) -> None:
+                 resume: Optional[dict[str, Any]] = None, data_urls: Sequence[str] = ()) -> None:
         self.cfg = cfg
+        self.data_urls = list(data_urls)
         self.config_path = config_path
         self.redis_url = redis_url
         self.collectors = collectors
@@ -199,22 +224,16 @@ class Launcher:
         self.ns = keys.namespace(cfg.exp_name, run_name)  # the run's keys, and its folder below out_dir
         self.run_dir = self.out_dir / self.ns
         self.log_dir = self.run_dir / "log"
-        self.children: dict[str, _Child] = {}
+        self.children: dict[str, Child] = {}
         self._spawn: dict[str, tuple[Any, ...]] = {}  # name -> what _fork was given, to start it again
         self.restarts: dict[str, int] = {}
         self.embedded: Optional[EmbeddedRedis] = None
         self.started_at = time.time() if started_at is None else started_at
         self.resume = resume
-        # The phases this process passes (common/phases.py), written to the run's hash once the
-        # coordinator has claimed the run (its claim clears what an earlier run of the name left).
-        self.phases: dict[str, float] = {"launch": phases.process_start_time()}
-        self._phases_written: set[str] = set()
+        self.phases = _Phases(self.ns)
         self._stale_run_id: Optional[bytes] = None
         self._worker_names: list[str] = []
-        # Read end of the coordinator's done pipe: its exit code arrives there once summary.json
-        # and final.pt are written (coordinator/daemon.py, done_fd).
-        self._done_r: Optional[int] = None
-        self._done_code: Optional[int] = None
+        self._done = _DonePipe()
         # Ends every child (and the private Redis) when this process dies, kill -9 included.
         self._lifeline: Optional[Lifeline] = None
 
@@ -224,45 +243,8 @@ class Launcher:
         ``path`` first on ``sys.path``, its niceness raised by ``nice`` and stdout/stderr in
         ``log/{name}.log``; it exits with main's code."""
         self._spawn.setdefault(name, (main, argv, env, path, nice))  # as first started: restarts derive from it
-        log = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid:
-            os.close(log)
-            self.children[name] = _Child(pid)
-            return
-        code = 1
-        try:
-            # Its own name in ps: the inherited command line may carry a --redis-url password.
-            setproctitle(f"rqrl {name} {self.ns}")
-            os.setsid()
-            if self._lifeline is not None:
-                self._lifeline.in_child()
-            if nice:
-                os.nice(nice)
-            for s in (signal.SIGTERM, signal.SIGHUP):
-                signal.signal(s, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(log)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.close(null)
-            sys.stdout.reconfigure(line_buffering=True)
-            sys.stderr.reconfigure(line_buffering=True)
-            os.chdir(self.out_dir)
-            os.environ.update(env)
-            sys.path[:0] = path
-            code = main(argv)
-        except BaseException:  # noqa: BLE001  (the child's only way out is os._exit below)
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # Not sys.exit: the parent's atexit handlers (the private Redis's stop) are not the child's.
-            os._exit(code)
+        self.children[name] = fork_child(f"rqrl {name} {self.ns}", main, argv, self.log_dir / f"{name}.log",
+                                         self.out_dir, env, path, nice, self._lifeline)
 
     def run(self) -> int:
         """Launch, follow and tear down; returns the coordinator's exit code (130 on Ctrl-C)."""
@@ -281,7 +263,8 @@ class Launcher:
             if coord is not None and coord.poll() is None:
                 coord.send_signal(signal.SIGINT)
                 try:
-                    if self._wrapped_up(20):
+                    # The coordinator's short closing eval comes before its stop sequence.
+                    if self._wrapped_up(20 + closing_eval_seconds(self.cfg, interrupted=True)):
                         self._print_closing_block()
                 except KeyboardInterrupt:
                     pass
@@ -289,7 +272,7 @@ class Launcher:
         finally:
             # Once summary.json and final.pt are written, the rest (curve.png, the workers' exit,
             # the private Redis's stop) does not hold up the exit.
-            if self._done_code is not None:
+            if self._done.code is not None:
                 self._teardown_in_background()
             else:
                 self._teardown()
@@ -315,8 +298,10 @@ class Launcher:
         extra = [str(Path(self.config_path).resolve().parent), os.getcwd()]
         env["PYTHONPATH"] = os.pathsep.join([*extra, *filter(None, [os.environ.get("PYTHONPATH", "")])])
         env["RQRL_TORCH_THREADS"] = os.environ.get("RQRL_TORCH_THREADS", "1")
+        if self.data_urls:
+            env[ENV_DATA_URL] = ",".join(self.data_urls)
         conn = connect_checked(url)
-        self.phases["redis_up"] = time.time()
+        self.phases.at["redis_up"] = time.time()
         self._stale_run_id = conn.get(keys.run(self.ns))
         warnings = check_memory_settings(conn, self.cfg, "--allow-eviction" in self.coordinator_args, self.collectors)
         for warning in warnings + server_limits.check(conn, self.cfg, self.collectors):  # maxclients, proto-max-bulk-len
@@ -350,7 +335,7 @@ class Launcher:
         config_path = str(Path(self.config_path).resolve())
         # The coordinator needs neither torch nor RQ's CLI: it starts while they import here. It
         # alone holds the done pipe's write end (closed here before the workers are forked).
-        self._done_r, done_w = os.pipe()
+        done_w = self._done.open()
         try:
             self._fork("coordinator", _coordinator_main, [config_path, "--out-dir", ".", "--run-name", self.run_name,
                                                           "--started-at", repr(self.started_at), "--done-fd", str(done_w),
@@ -382,7 +367,7 @@ class Launcher:
         # clears it when it starts a fresh run. Only a flag set after that ends this run.
         stale_stop = bool(conn.exists(keys.stop(self.ns)))
         while not self._wrapped_up(0.5 if workers_told else 0.0):
-            self._note_phases(conn)
+            self.phases.note(conn, self._worker_names, self._stale_run_id)
             stop_now = bool(conn.exists(keys.stop(self.ns)))
             stale_stop = stale_stop and stop_now
             if not workers_told and stop_now and not stale_stop:
@@ -421,75 +406,17 @@ class Launcher:
                         self._fork(name, main, argv, env, path, nice)
                     else:
                         warned.add(name)
-        code = self._done_code if self._done_code is not None else coord.returncode
+        code = self._done.code if self._done.code is not None else coord.returncode
         # The closing line shows the figures of summary.json (the learner may report a little more
         # after the coordinator's snapshot at the stop): one set of numbers per run.
         summary_path = self.run_dir / "summary.json"
         if summary_path.is_file():
             summary = json.loads(summary_path.read_text())
             progress.from_summary(summary)
-            self._record_exit(conn, summary_path, summary)
+            self.phases.record_exit(conn, summary_path, summary)
         progress.show(final=True)
         self._print_closing_block()
         return code
-
-    def _wrapped_up(self, timeout: float) -> bool:
-        """True once the coordinator has sent its exit code through the done pipe (summary.json and
-        final.pt are written) or has exited; waits at most ``timeout`` seconds for either."""
-        coord = self.children["coordinator"]
-        deadline = time.monotonic() + timeout
-        while self._done_code is None and coord.poll() is None:
-            fds = [fd for fd in (self._done_r, coord.pidfd) if fd is not None]
-            left = max(0.0, deadline - time.monotonic())
-            # Without a pidfd (Linux < 5.3) the coordinator's exit is looked at every 50 ms.
-            ready = select.select(fds, [], [], left if coord.pidfd is not None else min(left, 0.05))[0]
-            if self._done_r is not None and self._done_r in ready:
-                data = os.read(self._done_r, 64)
-                if data.strip():
-                    self._done_code = int(data.split()[0])
-                else:  # EOF, no code: the coordinator ended before its summary; its exit code will tell
-                    os.close(self._done_r)
-                    self._done_r = None
-            elif not ready and time.monotonic() >= deadline:
-                return False
-        return True
-
-    def _note_phases(self, conn: redis.Redis) -> None:
-        """Write this process's phases (launch, redis_up, workers_up: the last of its workers' RQ
-        registrations) to the run's phases hash, once the coordinator has claimed the run (a run id
-        other than the one found at the start: the claim first clears the keys of an earlier run)."""
-        if "workers_up" not in self.phases and self._worker_names:
-            from rq import Worker  # imported by now (the workers' modules), not before the coordinator's fork
-
-            worker_keys = [Worker.redis_worker_namespace_prefix + n for n in self._worker_names]
-            if conn.exists(*worker_keys) == len(worker_keys):
-                born = [Worker.find_by_key(k, connection=conn) for k in worker_keys]
-                dates = [w.birth_date for w in born if w is not None and w.birth_date is not None]
-                if len(dates) == len(worker_keys):
-                    self.phases["workers_up"] = max(d.timestamp() for d in dates)
-        todo = [name for name in self.phases if name not in self._phases_written]
-        run_id = conn.get(keys.run(self.ns)) if todo else None
-        if run_id is None or run_id == self._stale_run_id:
-            return
-        pipe = conn.pipeline(transaction=False)
-        for name in todo:
-            phases.record(pipe, self.ns, name, self.phases[name], first_only=False)
-        pipe.execute()
-        self._phases_written.update(todo)
-
-    def _record_exit(self, conn: redis.Redis, summary_path: Path, summary: dict[str, Any]) -> None:
-        """Phase ``exit`` (now: the closing lines and the return are next) into summary.json, with this
-        process's other phases should Redis not have them, and into Redis."""
-        self.phases["exit"] = time.time()
-        merged = {**summary.get("phases", {}), **self.phases}
-        summary["phases"] = {name: merged[name] for name in phases.NAMES if name in merged}
-        tmp = summary_path.with_name(summary_path.name + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        tmp.replace(summary_path)
-        try:
-            phases.record(conn, self.ns, "exit", self.phases["exit"], first_only=False)
-        except redis.RedisError:
-            pass  # summary.json has it
 
     def _print_closing_block(self) -> None:
         """Print the run's closing block (why it stopped, figures, final.pt, phases) from its
@@ -508,6 +435,10 @@ class Launcher:
             return
         print(closing.render(summary))
 
+    def _wrapped_up(self, timeout: float) -> bool:
+        """True once the coordinator has sent its exit code or has exited (waits at most ``timeout`` s)."""
+        return self._done.wait(self.children["coordinator"], timeout)
+
     def _teardown_in_background(self) -> None:
         """Run :meth:`_teardown` in a detached process and return at once.
 
@@ -515,44 +446,20 @@ class Launcher:
         ``_CURVE_GRACE_S`` for the coordinator, which draws curve.png after its summary, then stops
         the workers (most have exited already: they were told at the stop flag) and the private
         Redis as the foreground teardown does, killing what outlives its deadlines, and exits: no
-        process is left behind. ``rqrl train`` exits right after this returns, so init (or the
-        nearest subreaper) adopts and reaps it; a caller that lives on reaps it itself. One fork,
-        not a daemon's two: the exit of a forked copy of this process (torch imported) takes tens
-        of milliseconds, which a middle process would put before the return.
+        process is left behind (:func:`~coordinator.children.run_detached`).
         """
-        log = os.open(self.log_dir / "teardown.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if os.fork():
-            os.close(log)
-            return
-        code = 1
-        try:
-            setproctitle(f"rqrl teardown {self.ns}")
-            os.setsid()
-            for s in (signal.SIGINT, signal.SIGHUP):
-                signal.signal(s, signal.SIG_IGN)  # the terminal the run was started from is not ours now
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.close(null)
+
+        def teardown() -> None:
             t0 = time.time()
             self._teardown(coordinator_grace_s=_CURVE_GRACE_S)
             print(f"teardown finished in {time.time() - t0:.2f} s (at {time.time():.3f})", flush=True)
-            code = 0
-        except BaseException:  # noqa: BLE001  (this process's only way out is os._exit below)
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+
+        run_detached(f"rqrl teardown {self.ns}", self.log_dir / "teardown.log", teardown)
 
     def _teardown(self, coordinator_grace_s: float = 0.0) -> None:
-        """Stop every child and the private Redis: SIGTERM to each child's process group, SIGKILL
-        after 15 s; with ``coordinator_grace_s`` the coordinator first gets that long to exit on
-        its own (it draws curve.png after its summary)."""
+        """Stop every child (:func:`~coordinator.children.stop_children`) and the private Redis; with
+        ``coordinator_grace_s`` the coordinator first gets that long to exit on its own (it draws
+        curve.png after its summary)."""
         coord = self.children.get("coordinator")
         if coordinator_grace_s and coord is not None:
             try:
@@ -571,26 +478,6 @@ class Launcher:
                         c.set(keys.stop(ns), "rqrl is exiting", nx=True)
             except (redis.RedisError, ValueError):
                 pass
-        for proc in self.children.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:  # forked a moment ago: not yet the leader of its session
-                    proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.children.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for proc in self.children.values():
-            # The whole group: the rq parent and any work-horse it forked.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-            if proc.poll() is None:
-                proc.wait(timeout=5)
+        stop_children(self.children.values())
         if self.embedded is not None:
             self.embedded.stop()

@@ -34,6 +34,16 @@ from typing import Callable
 GRACE_S = 15.0
 
 
+# Set in a child once its lifeline broke, just before the SIGTERM that follows.
+_BROKEN = threading.Event()
+
+
+def broken() -> bool:
+    """True once this child's lifeline broke: ``rqrl train`` is gone, its SIGTERM asks for a stop
+    within ``grace_s`` and the workers are shutting down too (the coordinator runs no closing eval)."""
+    return _BROKEN.is_set()
+
+
 class Lifeline:
     """The two pipes of the module docstring; made by ``rqrl train`` before its first fork."""
 
@@ -81,6 +91,7 @@ def _watch(fd: int, grace_s: float) -> None:
                 break
         except InterruptedError:
             continue
+    _BROKEN.set()
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(grace_s)  # a timer of last resort: the process normally exits before it fires
     os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Optional
 
 import redis
 from rq import Queue
@@ -20,6 +21,7 @@ from rq.job import Job, JobStatus
 
 from common import keys, redis_memory, worker_presence
 from coordinator.stall import StallGuard
+from coordinator.write_pause import WritePause, WriteProbe
 
 
 def live_workers(conn: redis.Redis, queue: Queue) -> int:
@@ -42,12 +44,21 @@ class Liveness:
         heartbeat_timeout: seconds without a heartbeat that make a started task dead.
         snapshot: the running tasks, ``[(task_id, {"started": bool, ...})]``, safe to call from a thread.
         log: the coordinator's logger.
+        probe: one write to Redis, None when it was served in time, else why not; default a
+            :class:`coordinator.write_pause.WriteProbe` of ``rqrl:{exp}:write_probe`` that waits a
+            sixth of the heartbeat timeout (tests pass their own).
+        clock: a monotonic clock (seconds) for the stall guard and the write pause; tests pass their own.
     """
 
     def __init__(self, conn: redis.Redis, exp: str, heartbeat_timeout: float,
-                 snapshot: Callable[[], list[tuple[str, dict[str, Any]]]], log: logging.Logger) -> None:
+                 snapshot: Callable[[], list[tuple[str, dict[str, Any]]]], log: logging.Logger,
+                 probe: Optional[Callable[[], Optional[str]]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.conn, self.exp, self.heartbeat_timeout, self.snapshot, self.log = conn, exp, heartbeat_timeout, snapshot, log
-        self.stall = StallGuard(float(heartbeat_timeout))  # a Redis stall is no worker death
+        self.stall = StallGuard(float(heartbeat_timeout), clock=clock)  # a Redis stall is no worker death
+        # Nor is a pause of writes alone (CLIENT PAUSE WRITE, a failover), which reads do not show.
+        self._probe = probe or WriteProbe(conn, keys.write_probe(exp), wait_s=float(heartbeat_timeout) / 6)
+        self.writes = WritePause(self._probe, log, clock)
         # The liveness pass runs on a thread; the tasks it finds dead wait here for the loop.
         self.dead: queue.SimpleQueue[list[tuple[str, str]]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -59,6 +70,8 @@ class Liveness:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        if isinstance(self._probe, WriteProbe):
+            self._probe.close()
 
     def grace(self) -> None:
         """Give every task one heartbeat period to beat again (heartbeats were refused: a failover)."""
@@ -84,20 +97,26 @@ class Liveness:
     def find_dead(self) -> list[tuple[str, str]]:
         """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
 
-        Two round trips whatever the number of tasks: one MGET of the heartbeat keys, one
-        pipeline reading the status of the queued tasks' RQ jobs. A heartbeat read that spanned
-        a stall (a Redis pause longer than the heartbeat TTL expires every heartbeat while no
-        worker can write) is not trusted, and workers get one heartbeat period after it to
-        refresh before missing heartbeats count as deaths (:class:`coordinator.stall.StallGuard`).
+        Three round trips whatever the number of tasks: a write probe, one MGET of the heartbeat
+        keys, one pipeline reading the status of the queued tasks' RQ jobs. A
+        heartbeat read that spanned a stall (a Redis pause longer than the heartbeat TTL expires
+        every heartbeat while no worker can write) is not trusted, nor one made while Redis holds
+        or refuses writes (:class:`coordinator.write_pause.WritePause`); workers get one heartbeat
+        timeout after either to refresh before missing heartbeats count as deaths
+        (:class:`coordinator.stall.StallGuard`).
         """
         snapshot = self.snapshot()
         started = [t for t, e in snapshot if e["started"]]
         waiting = [t for t, e in snapshot if not e["started"]]
         dead = []
+        # Probed before the read: heartbeats cannot expire between a write served and the MGET.
+        if self.writes.held():
+            self.stall.grace()
         beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started]) if started else []
         # The clock is read after the reply: the reply that spanned a stall is the one to distrust.
         trusted = self.stall.read_done()
         if self.stall.stall_s:
+            self.writes.reads_waited()
             self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",
                              self.stall.stall_s, self.heartbeat_timeout)
         missing = [t for t, beat in zip(started, beats) if beat is None]

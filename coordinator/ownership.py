@@ -18,6 +18,7 @@ from redis.exceptions import LockError
 from redis.lock import Lock
 
 from common import keys
+from common.data_shards import DataShards, StoreGroup, run_stores
 from coordinator.errors import CoordinatorError, RunLost
 from coordinator.runs import new_run_name, run_unfinished
 
@@ -53,8 +54,10 @@ class Ownership:
         log: the coordinator's logger.
     """
 
-    def __init__(self, conn: redis.Redis, exp: str, name: str, log: logging.Logger) -> None:
+    def __init__(self, conn: redis.Redis, exp: str, name: str, log: logging.Logger,
+                 data: Optional[DataShards] = None) -> None:
         self.conn, self.exp, self.name, self.log = conn, exp, name, log
+        self.data = data  # the run's data shards (None: step data on conn)
         self.key = keys.coordinator_alive(exp)
         self.lock = Lock(conn, self.key, timeout=ALIVE_TTL_S, thread_local=False)
         self.saved_state: Optional[dict[str, Any]] = None  # the coordinator state to adopt, after claim()
@@ -81,12 +84,15 @@ class Ownership:
         return "from_folder" if from_folder else "fresh"
 
     def clear_run_keys(self) -> None:
-        """Delete every key an earlier run of this name left, but the ownership key."""
+        """Delete every key an earlier run of this name left, but the ownership key: its step data
+        (through the step-data store, wherever that keeps it), then the rest."""
+        cleared = StoreGroup(run_stores(self.conn, self.data, self.exp)).drop_run()
         stale = [k for k in self.conn.scan_iter(match=keys.all_keys_pattern(self.exp), count=1000)
                  if k.decode() != self.key]
         if stale:
-            self.conn.delete(*stale)
-            self.log.info("cleared %d keys left by an earlier run of %s", len(stale), self.exp)
+            cleared += int(self.conn.delete(*stale))
+        if cleared:
+            self.log.info("cleared %d keys left by an earlier run of %s", cleared, self.exp)
 
     def keep_alive(self) -> None:
         """Extend the ownership key's TTL (every second).

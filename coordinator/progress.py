@@ -1,10 +1,14 @@
 """The live progress line of ``rqrl train`` (and the rates and time left of ``rqrl status``).
 
 One line: env steps, train iterations, the last eval reward against ``stop_value``, the run's
-wall seconds, the rates (env steps/s, train iterations/s) and the time left against whichever
-budget binds first (``commander.max_env_step``, ``max_train_iter``, ``max_wall_seconds``: the one
-that, at the current rates, runs out soonest). On a terminal rich draws it in place with a bar
-of that budget; without one (a pipe, a log file, CI) it is a plain line every 5 s.
+wall seconds, the mean return of the last 100 training episodes (collectors send each as it
+finishes: workers/episode_shipper.py; ``-`` before the first), the policy lag of the data the
+learner takes in (mean / p95 in versions over its last chunks, from its reports; absent before
+the first and in the closing line), the rates (env steps/s, train
+iterations/s) and the time left against whichever budget binds first (``commander.max_env_step``,
+``max_train_iter``, ``max_wall_seconds``: the one that, at the current rates, runs out soonest).
+On a terminal rich draws it in place with a bar of that budget; without one (a pipe, a log file,
+CI) it is a plain line every 5 s.
 
 While the run goes the rates are over the last :data:`RATE_WINDOW_S` seconds of the learner's
 reports (``learner_info`` events: the learner's count of env steps received and its train
@@ -20,6 +24,8 @@ import time
 from typing import Any, Optional, TextIO
 
 from common import events
+from common.messages import MessageError
+from coordinator.episode_log import RETURN_WINDOW, parse_episodes
 
 # Seconds of learner reports the live rates are taken over (a window: recent speed, not the
 # run's average, which the warm-up drags down).
@@ -97,6 +103,9 @@ class Progress:
         self.envstep = 0
         self.train_iter = 0
         self.eval: Optional[float] = None
+        self._returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
+        self.train_return: Optional[float] = None  # the mean of _returns (summary.json's at the end)
+        self.policy_lag: Optional[tuple[float, float]] = None  # (mean, p95) of the learner's last report
         self.t0 = time.time() if t0 is None else t0
         self.budgets = dict(budgets or {})
         if resume:
@@ -119,10 +128,20 @@ class Progress:
             self.train_iter = max(self.train_iter, int(ev.get("train_iter", 0)))
             ts = float(ev.get("ts", time.time()))
             self._reports.append((ts, self.envstep, self.train_iter))
+            mean, p95 = events.figure(ev, "policy_lag_mean"), events.figure(ev, "policy_lag_p95")
+            if mean is not None and p95 is not None:
+                self.policy_lag = (mean, p95)
             while len(self._reports) > 2 and ts - self._reports[0][0] > RATE_WINDOW_S:
                 self._reports.popleft()
         elif ev.get("type") == "finished" and ev.get("eval_flag") is True:
             self.eval = events.episode_figure(ev, "reward_mean")  # None ("-"): the eval finished no episode
+        elif ev.get("type") == "scalars" and "episodes" in ev:
+            try:
+                self._returns.extend(e.ret for e in parse_episodes(ev))
+            except MessageError:
+                return  # the coordinator logs a bad event; the line goes on without it
+            if self._returns:
+                self.train_return = sum(self._returns) / len(self._returns)
 
     def from_summary(self, summary: dict[str, Any]) -> None:
         """Take the run's final figures (summary.json) for the closing line: its env steps, train
@@ -131,6 +150,8 @@ class Progress:
         self.train_iter = int(summary.get("train_iter") or self.train_iter)
         if "last_eval_reward_mean" in summary:
             self.eval = events.figure(summary, "last_eval_reward_mean")
+        if "train_return_mean" in summary:
+            self.train_return = events.figure(summary, "train_return_mean")
         wall = float(summary.get("wall_seconds") or 0.0)
         if wall > 0:
             self._final = {"wall": wall, "env": self.envstep / wall, "iter": self.train_iter / wall}
@@ -158,6 +179,14 @@ class Progress:
         return (f"env steps {self.envstep:>8,} | train iter {self.train_iter:>7,} | "
                 f"eval {ev:>6} / {self.stop_value:g} | {self.seconds():6.1f} s")
 
+    def return_text(self) -> str:
+        """``return  187.3``: the mean return of the last 100 training episodes (``-`` before the
+        first); then ``| lag 3.2/8`` (the policy lag's mean / p95 in versions) while the run goes."""
+        text = f"return {'-' if self.train_return is None else f'{self.train_return:.1f}':>6}"
+        if self.policy_lag is None or self._final:
+            return text
+        return f"{text} | lag {self.policy_lag[0]:.1f}/{self.policy_lag[1]:.0f}"
+
     def tail(self) -> str:
         """Rates and time left (the final line: averages, and no time left)."""
         env_rate, iter_rate = self.rates()
@@ -166,7 +195,7 @@ class Progress:
         return f"{rates_text(env_rate, iter_rate)} | {left_text(self.budgets, self.left())}"
 
     def line(self) -> str:
-        return f"{self.figures()} | {self.tail()}"
+        return f"{self.figures()} | {self.return_text()} | {self.tail()}"
 
     def show(self, final: bool = False) -> None:
         """Draw the line: on a terminal in place (rich), else as a plain line every 5 s and at the end."""
@@ -198,16 +227,18 @@ class Progress:
             bar = ProgressBar(total=1.0, completed=left[2] if left else 0.0, width=12)
         else:
             bar = ProgressBar(total=None, width=12)
-        figures, tail = self.figures(), self.tail()
+        figures, tail = f"{self.figures()} | {self.return_text()}", self.tail()
         width = self._live.console.width
         row = Table.grid(padding=(0, 1))
         if width >= len(figures) + len(tail) + 16:
             row.add_row(Text(figures), bar, Text(tail))
             return row
+        # The training return goes on a line of its own where it would make the figures wrap.
+        lines = [Text(figures)] if width >= len(figures) else [Text(self.figures()), Text(self.return_text())]
         if width >= len(tail) + 13:
             row.add_row(bar, Text(tail))
-            return Group(Text(figures), row)
-        return Group(Text(figures), Text(tail))  # a narrow terminal: the figures, not the bar
+            return Group(*lines, row)
+        return Group(*lines, Text(tail))  # a narrow terminal: the figures, not the bar
 
     def close(self) -> None:
         """Stop the live line (it stays on screen; the cursor is shown again). Safe to call twice."""

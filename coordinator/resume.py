@@ -1,8 +1,9 @@
 """The run folder's resume point: ``ckpt/latest.pth`` and ``resume.json``, and a restore from them.
 
-Whenever the learner's ``latest`` checkpoint has a new version, :meth:`ResumePoint.save` copies
-it to the run folder with ``resume.json`` (commander state, run id, seed, wall seconds, env
-steps consumed); ``--resume`` restores them into a fresh Redis (:meth:`ResumePoint.restore`).
+Whenever the main player's checkpoint (``latest`` for the solo commander) has a new version,
+:meth:`ResumePoint.save` copies it to the run folder with ``resume.json`` (commander state, run
+id, seed, wall seconds, env steps consumed); ``--resume`` restores them into a fresh Redis
+(:meth:`ResumePoint.restore`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any, Optional
 import redis
 
 from common import blobstore, keys
-from coordinator.commander import BaseCommander
+from common.data_shards import DataShards, run_stores
+from common.step_data import StepDataStore
+from coordinator.commander import BaseCommander, Player
 from coordinator.errors import CoordinatorError
 from coordinator.eval_log import read_lines
 
@@ -25,6 +28,18 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
+
+
+def main_player(players: list[Player]) -> Player:
+    """The player of role "main" among a commander's ``players``: the run folder holds its resume point.
+
+    Raises:
+        CoordinatorError: none has that role.
+    """
+    for player in players:
+        if player.role == "main":
+            return player
+    raise CoordinatorError(f"the commander names no main player (players: {players!r}): nothing to resume from")
 
 
 class ResumePoint:
@@ -38,17 +53,22 @@ class ResumePoint:
         commander: whose state is saved and restored.
     """
 
-    def __init__(self, conn: redis.Redis, exp: str, out: Path, seed: int, commander: BaseCommander) -> None:
+    def __init__(self, conn: redis.Redis, exp: str, out: Path, seed: int, commander: BaseCommander,
+                 data: Optional[DataShards] = None) -> None:
         self.conn, self.exp, self.out, self.seed, self.commander = conn, exp, out, seed, commander
+        self.data = data  # the run's data shards (None: step data on conn)
+        self.shard_consumed: dict[int, int] = {}  # per data shard, the consumed env steps last read
         self.ckpt_on_disk = -1  # version (train_iter) of the checkpoint copied to the run folder
 
     def save(self, run_id: str, t0: float, state: Optional[dict[str, Any]] = None) -> None:
-        """Copy the learner's ``latest`` checkpoint to ``ckpt/latest.pth`` in the run folder when it is
-        newer than the copy there, and write ``resume.json`` beside it: the commander state, the run
-        id, seed, start time ``t0`` (unix seconds) and wall seconds, the checkpoint's train_iter and
-        the env steps the learner had consumed. One HGET when nothing changed. With ``state`` (the
-        commander's state at the stop) ``resume.json`` is rewritten even when the checkpoint is the same."""
-        key = keys.ckpt(self.exp, "latest")
+        """Copy the main player's checkpoint (``rqrl:{exp}:ckpt:{ckpt_name}``) to ``ckpt/latest.pth``
+        in the run folder when it is newer than the copy there, and write ``resume.json`` beside
+        it: the commander state, the run id, seed, start time ``t0`` (unix seconds) and wall
+        seconds, the checkpoint's train_iter and the env steps the player's learner had consumed.
+        One HGET when nothing changed. With ``state`` (the commander's state at the stop)
+        ``resume.json`` is rewritten even when the checkpoint is the same."""
+        player = main_player(self.commander.players(state))
+        key = keys.ckpt(self.exp, player.ckpt_name)
         version = self.conn.hget(key, "version")
         if version is None or (int(version) == self.ckpt_on_disk and state is None):
             return
@@ -60,12 +80,24 @@ class ResumePoint:
             write_atomic(self.out / "ckpt" / "latest.pth", got[1])
             self.ckpt_on_disk = int(got[0]["version"])
         state = state if state is not None else self.commander.state_dict()
-        buffer_id = state.get("current_buffer_id")
-        consumed = int(self.conn.hget(keys.buffer_stats(self.exp, buffer_id), "env_steps") or 0) if buffer_id else 0
+        buffer_id = player.buffer_id
+        consumed = self._consumed(buffer_id) if buffer_id else 0
         point = {"run_id": run_id, "seed": int(self.seed), "t0": t0,
                  "wall_seconds": round(time.time() - t0, 3), "ckpt_train_iter": self.ckpt_on_disk,
                  "consumed_env_steps": consumed, "commander": state}
         write_atomic(self.out / "resume.json", json.dumps(point).encode())
+
+    def _consumed(self, buffer_id: str) -> int:
+        """Env steps consumed from the buffer, summed over its stores; on data shards read without
+        retries, and a dead shard's last figure read stands in for it (the run is stopping on it)."""
+        if not self.data:
+            return StepDataStore(self.conn, self.exp, buffer_id).consumed_env_steps()
+        for i, store in enumerate(self.data.stores(self.conn, self.exp, buffer_id, probe=True)):
+            try:
+                self.shard_consumed[i] = store.consumed_env_steps()
+            except redis.RedisError:
+                pass
+        return sum(self.shard_consumed.values())
 
     def files(self) -> tuple[Path, Path]:
         """``resume.json`` and ``ckpt/latest.pth`` of the run folder.
@@ -81,7 +113,8 @@ class ResumePoint:
 
     def forget(self) -> None:
         """Delete what an earlier run of this name left for a resume (a fresh start)."""
-        for old in (self.out / "evals.jsonl", self.out / "resume.json", self.out / "ckpt" / "latest.pth"):
+        for old in (self.out / "evals.jsonl", self.out / "episodes.jsonl", self.out / "resume.json",
+                    self.out / "ckpt" / "latest.pth"):
             old.unlink(missing_ok=True)
 
     def restore(self, t0: float) -> tuple[str, float, int]:
@@ -92,8 +125,8 @@ class ResumePoint:
         Restored: the commander state of the last checkpoint copy (env steps, eval history, best
         eval, seed counter, so the exploration schedule goes on where it was), the run id, the
         wall clock (``t0`` moved by the pause), the learner checkpoint (weights, optimizer,
-        train_iter) as ``rqrl:{exp}:ckpt:latest`` with the learner task set to resume from it,
-        the env-step counters, and ``evals.jsonl`` into ``rqrl:{exp}:evals``. Not restored: the
+        train_iter) as the main player's ``rqrl:{exp}:ckpt:{ckpt_name}`` with the learner task
+        set to resume from it, the env-step counters, and ``evals.jsonl`` into ``rqrl:{exp}:evals``. Not restored: the
         replay buffer (it lived in the learner's memory; collectors refill it to
         ``replay_start_size`` first), step data and tasks in flight, and training after the last
         checkpoint (at most ``save_ckpt_after_iter`` train iterations).
@@ -108,13 +141,14 @@ class ResumePoint:
         # Eval times move with the clock, so eval_interval counts run time.
         self.commander.restore(state, t0 - float(point["t0"]), version, consumed)
         self.ckpt_on_disk = version
-        blobstore.put_versioned(self.conn, keys.ckpt(self.exp, "latest"), ckpt.read_bytes(), version,
+        player = main_player(self.commander.players())
+        blobstore.put_versioned(self.conn, keys.ckpt(self.exp, player.ckpt_name), ckpt.read_bytes(), version,
                                 meta={"train_iter": version, "ts": round(time.time(), 3), "format": "torch"})
         pipe = self.conn.pipeline(transaction=True)
         pipe.set(keys.envstep(self.exp), consumed)
-        buffer_id = self.commander.summary()["buffer_id"]
-        if buffer_id:
-            pipe.hset(keys.buffer_stats(self.exp, buffer_id), "env_steps", consumed)
+        if player.buffer_id:
+            # On the first shard: the learner sums every shard's, and the others start empty.
+            run_stores(self.conn, self.data, self.exp, player.buffer_id)[0].set_consumed_env_steps(consumed)
         lines = read_lines(self.out)
         if lines:
             pipe.rpush(keys.evals(self.exp), *lines)

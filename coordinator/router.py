@@ -1,7 +1,8 @@
 """Event routing: each worker event goes to the part that owns what it changes.
 
 A dict maps an event's ``type`` to its handler (``started``, ``learner_info``, ``scalars``,
-``log``, ``finished``, ``failed``); events of unknown tasks (of an earlier run, or already
+``log``, ``finished``, ``failed``; a collector's ``scalars`` event may carry its finished training
+episodes too, for the episode log); events of unknown tasks (of an earlier run, or already
 declared dead) and of unknown types are ignored, so a duplicate report (a task's own ``failed``
 and RQ's ``on_failure`` callback) is harmless.
 """
@@ -15,11 +16,14 @@ from typing import Any, Callable
 import redis
 
 from common import keys, server_limits
+from common.messages import CollectorFinish, LearnerFinish
 from coordinator.commander import BaseCommander
+from coordinator.episode_log import EpisodeLog, parse_episodes
 from coordinator.eval_log import EvalLog
+from coordinator.exports import Exports
 from coordinator.offload import write_shipped_log, write_shipped_scalars
+from coordinator.records import Records
 from coordinator.task_table import TaskTable
-from coordinator.wrapup import WrapUp
 
 Handler = Callable[[dict[str, Any], dict[str, Any]], bool]
 
@@ -32,24 +36,28 @@ class EventRouter:
         tasks: the running tasks.
         commander: digests finished tasks and learner reports.
         eval_log: records finished evals.
-        wrapup: keeps the learner's closing figures.
+        exports: told of each finished eval (its bundle can be exported).
+        records: keep the learner's closing figures.
         tb: the run's TensorBoard writer (shipped scalars).
         out: the run folder (shipped log lines).
         clock: the run id and the run's wall seconds now.
         log: the coordinator's logger.
+        episodes: the run's training episodes (``episodes.jsonl``).
     """
 
     def __init__(self, conn: redis.Redis, exp: str, tasks: TaskTable, commander: BaseCommander, eval_log: EvalLog,
-                 wrapup: WrapUp, tb: Any, out: Path, clock: Callable[[], tuple[str, float]],
-                 log: logging.Logger) -> None:
+                 exports: Exports, records: Records, tb: Any, out: Path, clock: Callable[[], tuple[str, float]],
+                 log: logging.Logger, *, episodes: EpisodeLog) -> None:
         self.conn, self.exp, self.log = conn, exp, log
-        self.tasks, self.commander, self.eval_log, self.wrapup = tasks, commander, eval_log, wrapup
+        self.tasks, self.commander, self.eval_log = tasks, commander, eval_log
+        self.exports, self.records = exports, records
         self.tb, self.out, self.clock = tb, out, clock
+        self.episodes = episodes
         self.fatal = ""  # why the run must end now (a task failed in a way a retry cannot fix)
         self._handlers: dict[str, Handler] = {
             "started": lambda ev, _: self.tasks.mark_started(ev["task_id"]) or False,
             "learner_info": self._on_learner_info,
-            "scalars": lambda ev, _: write_shipped_scalars(self.tb, ev) or False,
+            "scalars": self._on_scalars,
             "log": lambda ev, _: write_shipped_log(self.out, ev) or False,
             "finished": self._on_finished,
             "failed": self._on_failed,
@@ -59,11 +67,18 @@ class EventRouter:
         """Hand one parsed event (common/events.py) to its handler; True when the run converged.
 
         Raises:
-            KeyError, ValueError, TypeError: the event lacks a field its handler needs, or holds a bad one.
+            KeyError, ValueError, TypeError: the event lacks a field its handler needs, or holds a bad one
+                (a finish info: :class:`common.messages.MessageError`, naming the field).
         """
         entry = self.tasks.running.get(ev["task_id"])
         handler = self._handlers.get(ev["type"])
         return bool(handler(ev, entry)) if entry is not None and handler is not None else False
+
+    def _on_scalars(self, ev: dict[str, Any], _entry: dict[str, Any]) -> bool:
+        episodes = parse_episodes(ev)  # checked first: a bad event writes neither
+        write_shipped_scalars(self.tb, ev)
+        self.episodes.add(ev["task_id"], episodes)
+        return False
 
     def _on_learner_info(self, ev: dict[str, Any], _entry: dict[str, Any]) -> bool:
         self.commander.update_learner_info(ev["task_id"], ev)
@@ -72,18 +87,22 @@ class EventRouter:
 
     def _on_finished(self, ev: dict[str, Any], entry: dict[str, Any]) -> bool:
         tid, kind = ev["task_id"], ev["task_type"]
+        # Checked before anything changes: a malformed report leaves the task running, so the
+        # liveness pass declares it dead (its heartbeat stops) and its space is freed and refilled.
+        fin = CollectorFinish.from_dict(ev) if kind == "collector" else LearnerFinish.from_dict(ev)
+        info = fin.to_dict()  # old wire names read as today's
         self.tasks.finish(tid, kind)
-        if kind == "collector":
-            converged = self.commander.finish_collector_task(tid, ev)
-            if ev.get("eval_flag") is True:
-                self.wrapup.bundles.add(tid)
+        if isinstance(fin, CollectorFinish):
+            converged = self.commander.finish_collector_task(tid, info)
+            if fin.eval_flag:
+                self.exports.eval_finished(tid)
                 run_id, wall_seconds = self.clock()
-                self.eval_log.add(ev, run_id, self.commander.total_envstep, wall_seconds)
+                self.eval_log.add(info, run_id, self.commander.total_envstep, wall_seconds)
             return converged
         if int(entry["task"].get("rank", 0)) != 0:
             return False  # rank 0 of a learner group reports for the group
-        self.wrapup.note_learner_finished(ev)
-        self.commander.finish_learner_task(tid, ev)
+        self.records.note_learner_finished(info)
+        self.commander.finish_learner_task(tid, info)
         return False
 
     def _on_failed(self, ev: dict[str, Any], _entry: dict[str, Any]) -> bool:

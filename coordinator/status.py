@@ -37,7 +37,8 @@ def _learner_figures(conn: redis.Redis, exp: str) -> dict[str, Any]:
     for _, f in conn.xrevrange(keys.events(exp), count=200):
         ev = streams.decode_fields(f)
         if ev.get("type") == "learner_info":
-            return {k: ev[k] for k in ("policy_lag_p50", "policy_lag_p95", "policy_lag_max", "stale_chunks") if k in ev}
+            return {k: ev[k] for k in ("policy_lag_mean", "policy_lag_p50", "policy_lag_p95", "policy_lag_max",
+                                       "stale_chunks", "data_lag_mean") if k in ev}
     return {}
 
 
@@ -53,6 +54,23 @@ def _memory(conn: redis.Redis) -> dict[str, Any]:
         mem["primary"] = primary_address(conn)
     mem["full"] = bool(mem["max"]) and mem["used"] >= mem["max"]
     return mem
+
+
+def shard_lines(raw: Any) -> list[str]:
+    """A line per data shard of a run's summary field ``data_shards`` (its JSON, written every
+    second by the coordinator: common/data_shards.py ``DataShards.totals``): memory used against
+    maxmemory, chunks produced and their rate, the redacted URL; [] for a run without shards."""
+    shards = json.loads(raw) if isinstance(raw, str) else raw
+    lines = []
+    for i, sh in enumerate(shards or []):
+        if "error" in sh:
+            line = f"  data shard {i} NOT ANSWERING: {sh['error']}  {sh['url']}"
+        else:
+            mem = "memory -" if "used_memory" not in sh else (
+                f"{sh['used_memory'] / 2**20:.1f} MB" + (f" / {sh['maxmemory'] / 2**20:.0f} MB" if sh["maxmemory"] else ""))
+            line = f"  data shard {i}  {mem}  chunks {sh['chunks']:,} ({sh.get('chunks_per_s', 0):g}/s)  {sh['url']}"
+        lines.append(line if len(line) <= 80 else line[:77] + "...")
+    return lines
 
 
 def collect_status(conn: redis.Redis, exp: Optional[str] = None) -> dict[str, Any]:
@@ -132,6 +150,10 @@ def render(status: dict[str, Any]) -> str:
                          f"wall {s.get('wall_seconds') or 0} s")
             lines.append(f"  last eval {'-' if ev is None else f'{ev:g}'} / stop_value {s.get('stop_value', '?')}"
                          f"  converged {s.get('converged', False)}")
+            ret = events.figure(s, "train_return_mean")
+            if ret is not None:
+                lines.append(f"  train return {ret:g} (mean of the last {min(int(s.get('train_episodes') or 0), 100)} "
+                             "training episodes)")
         t = info["throughput_1min"]
         rates = rates_text(t["env_steps_per_s"], t["train_iter_per_s"])
         if info["stopped"]:
@@ -141,11 +163,16 @@ def render(status: dict[str, Any]) -> str:
             left = time_left(budgets, float(s.get("envstep") or 0), float(s.get("train_iter") or 0),
                              float(s.get("wall_seconds") or 0), t["env_steps_per_s"], t["train_iter_per_s"])
             lines += [f"  last minute: {rates}", f"  {left_text(budgets, left)}"]
+        lines += shard_lines(s.get("data_shards"))
         lf = info.get("learner") or {}
         if "policy_lag_p50" in lf:
-            lines.append(f"  policy lag (train iters) p50 {lf['policy_lag_p50']:g}  p95 {lf['policy_lag_p95']:g}  "
-                         f"max {lf['policy_lag_max']:g}" + (f"  stale chunks dropped {lf['stale_chunks']}"
-                                                            if "stale_chunks" in lf else ""))
+            mean = f"mean {lf['policy_lag_mean']:g}  " if "policy_lag_mean" in lf else ""  # older learners: none
+            lines.append(f"  policy lag (train iters) {mean}p50 {lf['policy_lag_p50']:g}  p95 {lf['policy_lag_p95']:g}  "
+                         f"max {lf['policy_lag_max']:g}")
+            if "stale_chunks" in lf:
+                lines.append(f"  stale chunks dropped {lf['stale_chunks']}")
+        if "data_lag_mean" in lf:  # a queueing source: the lag of the rows when trained on, not on arrival
+            lines.append(f"  data lag when trained on (train iters) mean {lf['data_lag_mean']:.2f}")
         if s.get("worker_clock_skew"):
             lines.append(f"  clocks off Redis's: {s['worker_clock_skew']}")
         if info.get("phases"):

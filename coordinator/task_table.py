@@ -21,6 +21,7 @@ from rq import Queue
 from rq.job import Callback, Job, JobStatus
 
 from common import keys, lease
+from common.data_shards import pick_shard
 from common.rq_json import TaskSerializer
 from coordinator.commander import BaseCommander
 
@@ -39,11 +40,15 @@ class TaskTable:
         cfg: the compiled config (``commander.*_job_timeout``: seconds).
         commander: told when a task fails or is cancelled, so it frees the task's space.
         log: the coordinator's logger.
+        data_shards: the run's number of data shards (0: step data on ``conn``): each training
+            collector task is given the shard fewest running tasks write to, each learner task the count.
     """
 
     def __init__(self, conn: redis.Redis, exp: str, cfg: EasyDict, commander: BaseCommander,
-                 log: logging.Logger) -> None:
+                 log: logging.Logger, data_shards: int = 0) -> None:
         self.conn, self.exp, self.cfg, self.commander, self.log = conn, exp, cfg, commander, log
+        self.data_shards = data_shards
+        self._shard_turn = 0  # training collector tasks given a shard (pick_shard's turn)
         # JSON payloads: no worker ever unpickles what it reads from Redis (common/rq_json.py).
         self.queues = {kind: Queue(name, connection=conn, serializer=TaskSerializer) for kind, name in _QUEUE.items()}
         self.running: dict[str, dict[str, Any]] = {}
@@ -63,13 +68,19 @@ class TaskTable:
 
     def enqueue(self, kind: str, task: dict, pipe: redis.client.Pipeline) -> None:
         """Queue ``task`` as an RQ job (job id = task id, ``job_timeout`` from the config) and grant
-        its write lease, both on ``pipe``; the caller holds :attr:`enqueue_lock` and runs ``pipe``."""
+        its write lease, both on ``pipe``; the caller holds :attr:`enqueue_lock` and runs ``pipe``.
+        With data shards the task is given its shard first (:meth:`with_shard`)."""
+        task = self.with_shard(kind, task)
         timeout = self._timeout(kind)
         self.running[task["task_id"]] = {"task": task, "kind": kind, "started": False, "enqueued": time.time()}
         self.dirty.add(task["task_id"])
         self.queues[kind].enqueue_call(
             _JOB_FUNC[kind], args=(task,), job_id=task["task_id"], timeout=timeout,
-            result_ttl=3600, failure_ttl=7 * 86400,
+            # RQ keeps a finished job's hash and result stream for `rq info` and the dashboard only
+            # (the coordinator reads events): as long as the run's step data, so a long run holds
+            # the jobs of that window only (an eval a second on CartPole kept 3,600 records at an
+            # hour: bench_soak). A failed job is kept a week, for a post-mortem.
+            result_ttl=int(self.cfg.policy.collect.collector.data_ttl), failure_ttl=7 * 86400,
             description=f"rqrl {self.exp} {kind}{' eval' if task.get('eval_flag') else ''} {task['task_id']}",
             on_failure=Callback("workers.callbacks.report_job_failure"),
             at_front=bool(task.get("eval_flag")),  # an eval should not wait behind training tasks
@@ -79,6 +90,22 @@ class TaskTable:
         # One line per training collector task would cost the loop more than the dispatch: DEBUG.
         level = logging.DEBUG if kind == "collector" and not task.get("eval_flag") else logging.INFO
         self.log.log(level, "dispatched %s%s task %s", kind, " (eval)" if task.get("eval_flag") else "", task["task_id"])
+
+    def with_shard(self, kind: str, task: dict) -> dict:
+        """``task`` with its data shard fields (common/messages.py): ``data_shards`` on a learner
+        task, and ``data_shard`` too on a training collector task, one of the shards fewest running
+        tasks write to, in turn (:func:`common.data_shards.pick_shard`); as it is without data shards or for an eval."""
+        if not self.data_shards or (kind == "collector" and task.get("eval_flag")):
+            return task
+        if kind != "collector":
+            return {**task, "data_shards": self.data_shards}
+        loads = [0] * self.data_shards
+        for entry in self.running.values():
+            shard = entry["task"].get("data_shard")
+            if shard is not None and shard < self.data_shards:
+                loads[shard] += 1
+        self._shard_turn += 1
+        return {**task, "data_shards": self.data_shards, "data_shard": pick_shard(loads, self._shard_turn - 1)}
 
     def snapshot(self) -> list[tuple[str, dict[str, Any]]]:
         """The running tasks as a list, taken while no enqueue is half done (for the liveness thread)."""

@@ -131,6 +131,58 @@ def wait_event(conn, exp: str, pred, timeout: float) -> dict:
     raise AssertionError(f"no matching event on {keys.events(exp)} within {timeout} s")
 
 
+def start_rq_workers(conn, argvs: list[list[str]], timeout: float = 90, **popen) -> list:
+    """Start the worker processes ``argvs`` and return once RQ has registered all of them, woken by
+    keyspace events of RQ's worker set (its SADD at each birth), not by polling.
+
+    Raises:
+        AssertionError: a worker exited first (its output is in ``popen``'s stdout), or not all
+            registered within ``timeout`` seconds (a hang guard only); every worker is killed then.
+    """
+    import subprocess
+    import time
+
+    from rq import Worker
+    from rq.worker_registration import REDIS_WORKER_KEYS
+
+    conn.config_set("notify-keyspace-events", "Ks")
+    registrations = conn.pubsub(ignore_subscribe_messages=True)
+    registrations.subscribe(f"__keyspace@0__:{REDIS_WORKER_KEYS}")
+    procs = [subprocess.Popen(argv, **popen) for argv in argvs]
+    try:
+        deadline = time.monotonic() + timeout
+        while Worker.count(connection=conn) < len(procs):
+            dead = [p.args for p in procs if p.poll() is not None]
+            assert not dead, f"worker exited before registering: {dead}"
+            assert time.monotonic() < deadline, f"the rq workers did not register within {timeout:g} s"
+            # At most a second at a time: a worker that dies sends no event.
+            registrations.get_message(timeout=min(1.0, deadline - time.monotonic()))
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    finally:
+        registrations.close()
+        conn.config_set("notify-keyspace-events", "")
+    return procs
+
+
+def stop_workers(procs: list, timeout: float = 20) -> None:
+    """SIGTERM each worker process (RQ's warm shutdown), then wait up to ``timeout`` seconds for
+    each and kill the ones still running."""
+    import signal
+    import subprocess
+
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def _processes_with(marker: str, in_cwd: bool = False) -> list:
     """Processes but this one with ``marker`` in their command line (``in_cwd``: with the folder
     ``marker`` as their working directory)."""

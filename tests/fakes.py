@@ -8,6 +8,7 @@ class FakeComm:
 
     def __init__(self, weights) -> None:
         self.weights, self.sent, self.meta = weights, [], []
+        self.episode_events = []  # the fields of each episodes event (workers/episode_shipper.py)
         self.policy_version, self.policy_published_at, self.stop_flag, self.limiter_wait_s = 0, 0.0, False, 0.0
         self.policy_envstep = 0  # env steps counted when the held version was published
         self.collect_setting_raw = None  # no coordinator writes a collect setting here
@@ -28,6 +29,9 @@ class FakeComm:
 
     def send_metadata(self, meta):
         self.meta.append(meta)
+
+    def send_episodes(self, fields):
+        self.episode_events.append(fields)
 
     def flush(self):
         return False

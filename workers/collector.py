@@ -32,15 +32,17 @@ import torch
 from easydict import EasyDict
 
 from common import chunk_codec, events, frames, keys, spaces
-from common.policy import algorithm_of, create_policy, export
+from common.messages import ChunkMeta
+from common.policy import Algorithm, algorithm_of, create_policy, export
 from common.seeding import env_seeds
 from common.sources import get_source
 from workers import live_envs
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
+from workers.episode_shipper import EpisodeShipper
 from workers.live_envs import EpisodeStats, LiveEnvs
 from workers.step_watch import StepWatch
-from workers.task import check_current, task_connection, task_namespace, task_scope, validate_task
+from workers.task import TaskContext, open_task, task_namespace, task_scope
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +133,17 @@ class Collector:
 
     Algorithm-free: acting, the transition rows and exploration belong to the policy
     (common/policy/base.py); the collect setting is handed to it unread, and kept current from
-    what every flush reads back (the coordinator's ``rqrl:{exp}:collect_setting``).
+    what every flush reads back (the coordinator's ``rqrl:{exp}:collect_setting``). A task passes
+    the ``algorithm`` and namespace ``ns`` of its context (workers/task.py); without them (tests,
+    benchmarks) they are worked out from ``cfg`` and ``task``.
     """
 
     def __init__(self, cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs | None = None,
-                 watch: StepWatch | None = None) -> None:
+                 watch: StepWatch | None = None, algorithm: Algorithm | None = None, ns: str | None = None) -> None:
         self._cfg = cfg
+        # A task's context (workers/task.py) hands in its algorithm and namespace, worked out once.
+        self._algorithm = algorithm if algorithm is not None else algorithm_of(cfg)
+        self._ns = ns
         self._watch = watch if watch is not None else StepWatch(0, cfg.env.env_id, lambda _: None)
         self._task = task
         self._comm = comm
@@ -148,7 +155,6 @@ class Collector:
         torch.manual_seed(int(task.get("seed", 0)))
         self._rng = np.random.default_rng(int(task.get("seed", 0)))
         self._env, self._spec, self._policy = live.env, live.spec, live.policy
-        self._algorithm = algorithm_of(cfg)
         self._source = get_source(self._algorithm.data_source)  # what to do with rows and after a chunk
         # Image fields travel as distinct frames (common/frames.py), compressed per the config.
         self._framed = frames.framed_fields(self._spec, self._policy.schema()) if not self._eval else []
@@ -193,7 +199,7 @@ class Collector:
             live.policy_version = -1  # not a published version: the next task fetches one
         else:
             if live.policy_version >= 0 and not self._eval:
-                # Envs kept from an earlier task hold that task's weights: fetch only a newer version.
+                # Envs kept from an earlier task hold that task's weights: fetch only another version (older too).
                 self.policy_version = self._comm.policy_version = live.policy_version
             else:
                 self._comm.wait_for_policy(float(self._cfg.policy.collect.collector.policy_wait_s))
@@ -231,7 +237,7 @@ class Collector:
             self._algorithm.check_setting(new)
         except (ValueError, KeyError, TypeError) as e:
             log.warning("task %s: ignoring the collect setting at %s (%s: %s)", self._task["task_id"],
-                        keys.collect_setting(task_namespace(self._task)), type(e).__name__, e)
+                        keys.collect_setting(self._ns or task_namespace(self._task)), type(e).__name__, e)
             return
         if not first:  # the first read may be older than the task; later ones are news
             self.setting_delays.append(max(0.0, time.time() - float(doc.get("ts", time.time()))))
@@ -257,6 +263,7 @@ class Collector:
         obs = live.obs
         steps = steps_at_last_send = 0
         base_envstep = int(self._task.get("envstep", 0))
+        shipper = EpisodeShipper(self._comm.send_episodes)
 
         def send() -> None:
             nonlocal steps_at_last_send
@@ -267,11 +274,10 @@ class Collector:
             # Once per chunk rather than per step: NaN/inf from the env would poison training.
             check_finite(env_id, *(a for a in arrays.values() if a.dtype.kind == "f"))
             nbytes = self._comm.send_stepdata(data_id, frames.pack(arrays, self._framed), self._codec)
-            self._comm.send_metadata({
-                "data_id": data_id, "task_id": self._task["task_id"], "policy_version": version,
-                "n_samples": rows, "env_steps": steps - steps_at_last_send, "nbytes": nbytes,
-                "envstep": base_envstep + steps, "ts": round(time.time(), 3),
-            })
+            self._comm.send_metadata(ChunkMeta(
+                data_id=data_id, task_id=self._task["task_id"], policy_version=version, n_samples=rows,
+                env_steps=steps - steps_at_last_send, nbytes=nbytes, envstep=base_envstep + steps,
+                ts=round(time.time(), 3)).to_dict())
             steps_at_last_send = steps
             newer = self._comm.flush()
             self._follow_setting(setting)
@@ -289,8 +295,12 @@ class Collector:
             next_obs = self._spec.obs_batch(next_obs)
             done = terminated | truncated
             real_next = true_next_obs(next_obs, done, info, self._spec)
+            finished = len(stats.returns)
             stats.step(reward, episode_ends(done, info))  # whole games, where a lost life is terminal for learning
             steps += self._env_num
+            if len(stats.returns) > finished:
+                shipper.add(stats.returns[finished:], stats.lengths[finished:], base_envstep + steps, self.policy_version)
+            shipper.tick()
             if chunk.add(adder.add(obs, record, reward, real_next, terminated, truncated), self.policy_version):
                 send()
             obs = next_obs
@@ -299,6 +309,7 @@ class Collector:
         chunk.add(adder.flush(obs), self.policy_version)
         if chunk.size or steps > steps_at_last_send:
             send()
+        shipper.ship()
         live.obs = obs
         return steps
 
@@ -368,7 +379,8 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     forking worker it builds its own and closes them at its end.
 
     Args:
-        task: plain dict from :meth:`coordinator.commander.SoloCommander.get_collector_task`.
+        task: the wire form of a :class:`common.messages.CollectorTask`
+            (:meth:`coordinator.commander.SoloCommander.get_collector_task`).
 
     Returns:
         The finish info (also sent as a ``finished`` event on ``rqrl:{exp}:events``), with
@@ -380,37 +392,35 @@ def run_collector_task(task: dict) -> dict[str, Any]:
         event naming the task, then re-raised so RQ marks the job failed.
     """
     t_entry = time.perf_counter()
-    cfg = validate_task(task, "collector")
-    conn = task_connection(task)
-    exp = task_namespace(task)
-    check_current(conn, task)
+    ctx = open_task(task, "collector")
+    conn, exp, cfg, eval_flag = ctx.conn, ctx.ns, ctx.cfg, ctx.task.eval_flag
+    task = ctx.task.to_dict()  # the checked task, for the parts that take its dict
     comm = RedisCommCollector(conn, task, cfg.policy.collect.collector.data_ttl)
     cache = live_envs.CACHE
-    key = (exp, task["run_id"], "eval" if task["eval_flag"] else "train")
+    key = (exp, ctx.task.run_id, "eval" if eval_flag else "train")
 
     def report_stall(reason: str) -> None:  # from the watch's thread: the main one is stuck in env.step
-        events.emit(conn, exp, "failed", task["task_id"], "collector", error=f"EnvStalled: {reason}",
-                    eval_flag=bool(task.get("eval_flag")))
+        events.emit(conn, exp, "failed", ctx.task_id, "collector", error=f"EnvStalled: {reason}", eval_flag=eval_flag)
 
     watch = StepWatch(float(cfg.policy.collect.collector.step_timeout_s), cfg.env.env_id, report_stall)
-    with task_scope(conn, task, "collector", cfg, lambda _e: {"eval_flag": bool(task.get("eval_flag"))}), watch:
+    with task_scope(ctx, lambda _e: {"eval_flag": eval_flag}), watch:
         comm.deal_with_collector_start()
         try:
             if cache is None:
-                if not task["eval_flag"]:
+                if not eval_flag:
                     _notice_no_env_cache(conn)
                 live = build_live_envs(cfg, task)
                 try:
-                    info = _run(cfg, task, comm, live, t_entry, watch)
-                    info["episodes_cut"] = 0 if task["eval_flag"] or comm.stop_flag else live.episodes.running
+                    info = _run(ctx, task, comm, live, t_entry, watch)
+                    info["episodes_cut"] = 0 if eval_flag or comm.stop_flag else live.episodes.running
                 finally:
                     live.close()
             else:
                 with cache.borrow(key, lambda: build_live_envs(cfg, task)) as live:
-                    info = _run(cfg, task, comm, live, t_entry, watch)
+                    info = _run(ctx, task, comm, live, t_entry, watch)
                     info["episodes_cut"] = 0
                 if comm.stop_flag:  # the run is ending: its envs are not needed again
-                    cache.close_run(exp, task["run_id"])
+                    cache.close_run(exp, ctx.task.run_id)
         finally:
             comm.close()
         info["limiter_wait_s"] = round(comm.limiter_wait_s, 3)
@@ -419,11 +429,11 @@ def run_collector_task(task: dict) -> dict[str, Any]:
     return info
 
 
-def _run(cfg: EasyDict, task: dict, comm: RedisCommCollector, live: LiveEnvs, t_entry: float,
+def _run(ctx: TaskContext, task: dict, comm: RedisCommCollector, live: LiveEnvs, t_entry: float,
          watch: StepWatch) -> dict[str, Any]:
-    collector = Collector(cfg, task, comm, live, watch)
+    collector = Collector(ctx.cfg, task, comm, live, watch, algorithm=ctx.algorithm, ns=ctx.ns)
     info = collector.run()
-    info["env_built"] = live.built_by == task["task_id"]
+    info["env_built"] = live.built_by == ctx.task_id
     # Task start-up: config, env build (on a run's first task), policy wait and fetch (seconds).
     info["setup_s"] = round(collector.ready_at - t_entry, 4)
     return info

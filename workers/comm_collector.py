@@ -2,7 +2,7 @@
 
 The seed's FlaskFileSystemCollector wrote one file per sample, queued metadata in memory behind
 ``sleep(0.1)`` loops and served it over HTTP. Here :meth:`RedisCommCollector.flush` sends the
-staged chunks in one round trip (common/scripts.py ``send_chunks``), each chunk as a SET of
+staged chunks in one round trip (common/step_data.py ``StepDataStore.put``), each chunk as a SET of
 its blob and one atomic Lua script: check the task's lease, move the blob to its data key with
 its TTL, XADD its metadata, count it (env-step counter and buffer stats), and read back the
 policy version, the learner's ``envstep_limit`` and the stop flag — refused, writing nothing,
@@ -28,7 +28,8 @@ import redis
 
 from common import blobstore, chunk_codec, events, keys, serialization, streams
 from common.finite import NonFiniteError, check_arrays
-from common.scripts import Chunk, send_chunks
+from common.data_shards import task_stores
+from common.step_data import Chunk
 from workers.task import task_namespace
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,10 @@ class RedisCommCollector:
         self._exp = task_namespace(task)
         self._task_id = task["task_id"]
         self._data_ttl = int(data_ttl_s)
-        self._meta_stream = keys.buffer_meta(self._exp, task["buffer_id"])
+        self._store = task_stores(conn, task, self._exp)[0]  # its data shard, or the control Redis
         self._policy_key = keys.policy(self._exp, task["policy_id"])
         self._updates_channel = keys.policy_updates(self._exp, task["policy_id"])
         self._lease = keys.lease(self._exp, self._task_id)
-        self._chunk_keys = [self._lease, "", self._meta_stream, keys.envstep(self._exp),
-                            keys.buffer_stats(self._exp, task["buffer_id"]), self._policy_key, keys.stop(self._exp), "",
-                            keys.collect_setting(self._exp)]
         self._pending: dict[str, Any] = {}
         self._staged: list[Chunk] = []
         self._pubsub = None
@@ -91,6 +89,10 @@ class RedisCommCollector:
         events.emit(self._conn, self._exp, "finished", self._task_id, "collector",
                     buffer_id=self._task["buffer_id"], worker=_worker_name(), **finish_info)
 
+    def send_episodes(self, fields: dict[str, str]) -> None:
+        """Send finished training episodes as one ``scalars`` event (``fields``: workers/episode_shipper.py)."""
+        events.emit(self._conn, self._exp, "scalars", self._task_id, "collector", **fields)
+
     def send_stepdata(self, data_id: str, stepdata: dict[str, Any], codec: str = "none") -> int:
         """Serialise one chunk of stacked transitions to a msgpack blob compressed with ``codec``
         (common/chunk_codec.py; staged with its metadata by :meth:`send_metadata`, sent by
@@ -114,10 +116,8 @@ class RedisCommCollector:
         if p.get("data_id") != metadata["data_id"]:
             raise ValueError(f"task {self._task_id}: metadata for data_id {metadata['data_id']!r} without "
                              "send_stepdata for it first")
-        chunk_keys = list(self._chunk_keys)
-        chunk_keys[1] = keys.data(self._exp, p["data_id"])
-        chunk_keys[7] = keys.data_staged(self._exp, p["data_id"])
-        self._staged.append(Chunk(chunk_keys, p["payload"], int(metadata.get("env_steps", 0)),
+        self._store.data_key(p["data_id"])  # a bad data_id fails here, at its chunk, not at the flush
+        self._staged.append(Chunk(p["data_id"], p["payload"], int(metadata.get("env_steps", 0)),
                                   streams.encode_fields(metadata)))
 
     def wait_for_policy(self, timeout_s: float) -> None:
@@ -261,14 +261,13 @@ class RedisCommCollector:
         staged, self._staged = self._staged, []
         if not staged:
             raise ValueError(f"task {self._task_id}: flush needs send_stepdata and send_metadata first")
-        _, counter, version_raw, limit_raw, stop, policy_error, self.collect_setting_raw = send_chunks(
-            self._conn, staged, self._data_ttl, streams.DEFAULT_MAXLEN)
-        self.stop_flag = bool(stop)
-        if policy_error:
-            self._policy_unreadable(policy_error)
+        sent = self._store.put(staged, self._lease, self._policy_key, self._data_ttl, streams.DEFAULT_MAXLEN)
+        self.stop_flag, self.collect_setting_raw, version_raw = sent.stop, sent.collect_setting, sent.policy_version
+        if sent.policy_error:
+            self._policy_unreadable(sent.policy_error)
             return False
-        if limit_raw is not None and counter > int(limit_raw) and not self.stop_flag:
-            version_raw = self._wait_for_learner(counter, max_wait_s) or version_raw
+        if sent.envstep_limit is not None and sent.counter > int(sent.envstep_limit) and not self.stop_flag:
+            version_raw = self._wait_for_learner(sent.counter, max_wait_s) or version_raw
         if version_raw is None:
             return False
         try:

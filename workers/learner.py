@@ -16,6 +16,11 @@ the data source the algorithm chose (workers/sources/): a replay buffer under th
 limiter, or on-policy rollouts of the current policy version only. Nothing here knows which
 algorithm trains: the policy's ``learn`` / ``get_weights`` / ``state_dict`` are all it calls.
 
+A learner task's learner is built in one place, :func:`assemble`: its :class:`LearnerRole`
+(lead or not, its checkpoint name, what it resumes from) is decided once from the task, its
+hooks are :func:`task_hooks`' list in the order they run, publication is
+workers/publication.py's and checkpoints are workers/checkpoints.py's. The config is only read.
+
 A task with ``rank`` / ``world_size`` / ``group_id`` (``policy.learn.learner_num`` > 1) is one
 rank of a data-parallel learner group (workers/ddp.py): it joins the group first, averages
 gradients in its optimizers' step pre-hooks, takes rank 0's state before the run and agrees
@@ -29,84 +34,33 @@ import itertools
 import logging
 import os
 import socket
-import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import redis
 import torch
 from easydict import EasyDict
 
-from common import events, keys, serialization, spaces
+from common import events, keys, spaces
+from common.data_shards import task_stores
 from common.device import pick_device
 from common.finite import check_train_step
 from common.logs import ShippedScalars, build_logger, build_tb_writer, close_logger, shipped_logger
-from common.policy import Policy, algorithm_of, create_policy, export
+from common.messages import LearnerTask
+from common.policy import Policy, create_policy, export
 from common.registry import LEARNER_REGISTRY, import_names
-from common.connection import is_sentinel
-from common.finite import check_arrays
-from workers.comm_learner import BufferReader, checkpoint_bytes, load_checkpoint, put_checkpoint, put_policy
+from workers.checkpoints import CheckpointStore
+from workers.comm_learner import BufferReader, ShardReaders
 from workers.ddp import LearnerGroup, join
-from workers.learner_hooks import (BroadcastStateHook, FeedbackHook, LearnerHook, PhaseHook, PublishPolicyHook,
-                                   SendInfoHook, build_hooks)
-from workers.sources import create_source
-from workers.task import check_current, task_connection, task_namespace, task_scope, validate_task
-
-
-class CheckpointStore:
-    """Where a learner's checkpoints go: Redis (parallel mode) or files (when no Redis is given).
-
-    ``writable`` False: loads only (ranks other than 0 of a learner group, workers/ddp.py, whose
-    state is rank 0's; rank 0 alone saves). Through Sentinel the bytes of the last save of each
-    name are kept, so :meth:`resave` can put them back on a new primary after a failover (one
-    copy of each checkpoint in memory).
-    """
-
-    def __init__(self, conn: Optional[redis.Redis], exp: str, ckpt_dir: Path, lease_key: Optional[str] = None,
-                 writable: bool = True, logger: Optional[logging.Logger] = None) -> None:
-        self._conn, self._exp, self._dir, self._lease = conn, exp, ckpt_dir, lease_key
-        self._writable = writable
-        self.logger = logger
-        self._keep = conn is not None and is_sentinel(conn)
-        self._last: dict[str, tuple[bytes, int]] = {}  # name -> (bytes, train_iter), kept through Sentinel
-        self._lock = threading.Lock()  # a save on the trainer thread vs a resave after a failover
-
-    def save(self, name: str, state: dict[str, Any], train_iter: int) -> None:
-        if not self._writable:
-            return
-        if self._conn is not None:
-            payload = checkpoint_bytes(state, f"checkpoint {keys.ckpt(self._exp, name)} at train iter {train_iter}")
-            with self._lock:
-                self._put(name, payload, train_iter)
-                if self._keep:
-                    self._last[name] = (payload, train_iter)
-        else:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            torch.save(state, self._dir / f"{name}.pth")
-
-    def _put(self, name: str, payload: bytes, train_iter: int) -> None:
-        acked = put_checkpoint(self._conn, self._exp, name, payload, train_iter, lease_key=self._lease)
-        if acked == 0 and self.logger is not None:
-            self.logger.warning("checkpoint %s (train iter %d) is not on a replica yet (WAIT timed out)",
-                                 keys.ckpt(self._exp, name), train_iter)
-
-    def resave(self) -> None:
-        """Write the last saved checkpoints again (after a failover: the new primary may lack them)."""
-        with self._lock:
-            for name, (payload, train_iter) in self._last.items():
-                self._put(name, payload, train_iter)
-                if self.logger is not None:
-                    self.logger.warning("checkpoint %s (train iter %d) written again after the failover",
-                                         keys.ckpt(self._exp, name), train_iter)
-
-    def load(self, name: str, device: torch.device) -> Optional[dict[str, Any]]:
-        if self._conn is not None:
-            return load_checkpoint(self._conn, self._exp, name, map_location=device)
-        path = self._dir / f"{name}.pth"
-        return torch.load(path, map_location=device, weights_only=True) if path.exists() else None
+from workers.learner_hooks import (BroadcastStateHook, FeedbackHook, LearnerHook, LoadCkptHook, LogShowHook,
+                                   PhaseHook, PublishPolicyHook, SaveCkptHook, SendInfoHook, build_hooks)
+from workers.publication import PolicyPublisher
+from workers.sources import DataSource, create_source
+from workers.task import TaskContext, open_task, task_scope
 
 
 @LEARNER_REGISTRY.register("base")
@@ -120,6 +74,10 @@ class BaseLearner:
         exp_name: experiment name (output under ``./{exp_name}/``).
         instance_name: log file / TensorBoard name.
         checkpoint_store: where checkpoints go (files under ``./{exp_name}/ckpt`` by default).
+        hooks: the hooks in the order they run (each at its position); None: the standard ones
+            of ``cfg.hook`` (:func:`~workers.learner_hooks.build_hooks`), as the seed.
+        resume_ckpt: the name of this learner's own resumable checkpoint, saved every
+            ``save_ckpt_after_iter`` iterations, after the run and when an iteration fails.
         logger: where log lines go, or None for a file under ``{log_dir}``. A learner task passes
             a shipped logger and shipped scalars (common/logs.py): its lines and scalars reach the
             coordinator's run folder, whatever machine and folder the worker runs in.
@@ -128,7 +86,8 @@ class BaseLearner:
     def __init__(self, cfg: EasyDict, policy: Optional[Policy] = None, tb_logger: Any = None,
                  exp_name: str = "default_experiment", instance_name: str = "learner",
                  checkpoint_store: Optional[CheckpointStore] = None, log_dir: Optional[str] = None,
-                 logger: Optional[logging.Logger] = None) -> None:
+                 logger: Optional[logging.Logger] = None, hooks: Optional[Sequence[LearnerHook]] = None,
+                 resume_ckpt: str = "latest") -> None:
         self._cfg = cfg
         self._exp_name = exp_name
         self._instance_name = instance_name
@@ -137,8 +96,9 @@ class BaseLearner:
         self._tb_logger = tb_logger if tb_logger is not None else build_tb_writer(log_dir)
         self._ckpt_store = checkpoint_store or CheckpointStore(None, exp_name, Path(f"./{exp_name}/ckpt"))
         self._ckpt_name: Optional[str] = None
+        self._resume_ckpt = resume_ckpt
         self._hooks: dict[str, list[LearnerHook]] = {p: [] for p in ("before_run", "before_iter", "after_iter", "after_run")}
-        for hook in build_hooks(cfg.hook):
+        for hook in build_hooks(cfg.hook) if hooks is None else hooks:
             self.register_hook(hook)
         self._log_buffer: dict[str, Any] = {"scalar": defaultdict(list)}
         self._train_iter = 0
@@ -152,9 +112,8 @@ class BaseLearner:
 
     # -- hooks -----------------------------------------------------------------------------
     def register_hook(self, hook: LearnerHook) -> None:
-        """Add ``hook`` at its position, ordered by priority (lower first)."""
+        """Add ``hook`` at its position, after the hooks registered there before it."""
         self._hooks[hook.position].append(hook)
-        self._hooks[hook.position].sort(key=lambda h: h.priority)
 
     def call_hook(self, name: str) -> None:
         """Run the hooks registered at ``name`` (after_iter ones only when their ``freq`` is due)."""
@@ -187,8 +146,8 @@ class BaseLearner:
     def start(self) -> None:
         """Parallel-mode entry: before_run hooks, train until ``get_data`` returns None, after_run hooks.
 
-        If an iteration raises, the ``latest`` checkpoint is saved before the error propagates
-        (the seed's ``auto_checkpoint``), so a replacement learner loses nothing.
+        If an iteration raises, the resumable checkpoint (``resume_ckpt``) is saved before the
+        error propagates (the seed's ``auto_checkpoint``), so a replacement learner loses nothing.
         """
         self._end_flag = False
         self._learner_done = False
@@ -203,9 +162,9 @@ class BaseLearner:
                     break
                 self.train(data)
         except Exception:
-            self.info("iteration failed; saving checkpoint 'latest' before re-raising")
+            self.info(f"iteration failed; saving checkpoint {self._resume_ckpt!r} before re-raising")
             try:
-                self.save_checkpoint_now("latest")
+                self.save_checkpoint_now(self._resume_ckpt)
             except Exception as e:  # the original error matters more
                 self.info(f"emergency checkpoint failed: {e}")
             raise
@@ -231,12 +190,14 @@ class BaseLearner:
                 "consumed_env_steps": self._consumed_env_steps}
 
     def save_checkpoint_now(self, name: str) -> None:
-        """Save checkpoint ``name``; ``final`` also saves ``final_model`` (the acting weights with what
-        ``rqrl eval`` needs to rebuild the policy, which the coordinator copies to ``final.pt``
+        """Save checkpoint ``name``; the player's final checkpoint (``final`` for the solo commander's,
+        :func:`common.keys.final_ckpt_name`) also saves its ``final_model`` (the acting weights with
+        what ``rqrl eval`` needs to rebuild the policy, which the coordinator copies to ``final.pt``
         without importing torch; see common/policy/export.py)."""
         self._ckpt_store.save(name, self.checkpoint_state(), self._train_iter)
-        if name == "final":
-            self._ckpt_store.save("final_model", export.bundle(self._policy, self._train_iter), self._train_iter)
+        if name == keys.final_ckpt_name(self._resume_ckpt):
+            self._ckpt_store.save(keys.final_ckpt_name(self._resume_ckpt, model=True),
+                                  export.bundle(self._policy, self._train_iter), self._train_iter)
 
     def save_checkpoint(self, ckpt_name: Optional[str] = None) -> None:
         """Run the ``save_ckpt_after_run`` hook now (as the seed); ``ckpt_name`` overrides ``final``.
@@ -306,7 +267,13 @@ class BaseLearner:
 
     @property
     def ckpt_name(self) -> Optional[str]:
+        """:meth:`save_checkpoint`'s name for the after-run save while it runs (None: the player's final)."""
         return self._ckpt_name
+
+    @property
+    def resume_ckpt(self) -> str:
+        """The name of this learner's own resumable checkpoint (a learner task's ``ckpt_name``)."""
+        return self._resume_ckpt
 
     @property
     def log_buffer(self) -> dict[str, Any]:
@@ -348,33 +315,6 @@ def create_learner(cfg: EasyDict, **kwargs: Any) -> BaseLearner:
     return LEARNER_REGISTRY.build(ltype, cfg.policy.learn.learner, **kwargs)
 
 
-class PolicyPublisher:
-    """Publishes collector weights (:func:`~workers.comm_learner.put_policy`) and keeps the last
-    publication's bytes, so :meth:`republish` can put the newest version back on a new primary
-    after a failover (from the buffer reader's thread: bytes only, no torch)."""
-
-    def __init__(self, conn: redis.Redis, exp: str, policy_id: str, lease_key: str) -> None:
-        self._conn, self._exp, self._policy_id, self._lease = conn, exp, policy_id, lease_key
-        self._last: Optional[tuple[bytes, int, int, int]] = None  # payload, version, envstep_limit, envstep
-        self._lock = threading.Lock()
-
-    def publish(self, weights: dict[str, Any], train_iter: int, envstep_limit: int, envstep: int) -> None:
-        check_arrays(weights, f"policy version {train_iter} for {keys.policy(self._exp, self._policy_id)}")
-        payload = serialization.dumps(weights)
-        with self._lock:
-            self._last = (payload, train_iter, int(envstep_limit), int(envstep))
-            put_policy(self._conn, self._exp, self._policy_id, payload, train_iter, envstep_limit, self._lease, envstep)
-
-    def republish(self) -> Optional[int]:
-        """Publish the last version again; returns it (None when nothing was published yet)."""
-        with self._lock:
-            if self._last is None:
-                return None
-            payload, version, limit, envstep = self._last
-            put_policy(self._conn, self._exp, self._policy_id, payload, version, limit, self._lease, envstep)
-            return version
-
-
 def _sched_s() -> tuple[float, float]:
     """Seconds the calling thread has run on a CPU and waited, runnable, for one (Linux
     ``/proc/thread-self/schedstat``: the scheduler's run and run-queue times); zeros elsewhere."""
@@ -390,8 +330,9 @@ def run_learner_task(task: dict) -> dict[str, Any]:
     """RQ job function for queue ``learner``: train until the experiment's stop flag.
 
     Args:
-        task: plain dict from :meth:`coordinator.commander.SoloCommander.get_learner_task`;
-            ``resume`` true loads checkpoint ``latest`` (a replacement after a failure).
+        task: the wire form of a :class:`common.messages.LearnerTask`
+            (:meth:`coordinator.commander.SoloCommander.get_learner_task`); ``resume`` true loads
+            its checkpoint ``ckpt_name`` (a replacement after a failure).
 
     Returns:
         The learner's ``learn_info`` plus ``buffer_id`` (also sent as a ``finished`` event).
@@ -400,26 +341,162 @@ def run_learner_task(task: dict) -> dict[str, Any]:
         workers.task.TaskError: a malformed task. Any error is also reported as a ``failed``
         event naming the task, then re-raised so RQ marks the job failed.
     """
-    cfg = validate_task(task, "learner")
-    conn = task_connection(task)
-    check_current(conn, task)
+    ctx = open_task(task, "learner")
+    buffer_id = ctx.task.buffer_id
     # A fatal error (non-finite weights, say) would fail a replacement the same way: the run stops.
-    with task_scope(conn, task, "learner", cfg,
-                    lambda e: {"buffer_id": task["buffer_id"], "fatal": bool(getattr(e, "fatal", False))}):
-        return _run_learner(conn, cfg, task)
+    with task_scope(ctx, lambda e: {"buffer_id": buffer_id, "fatal": bool(getattr(e, "fatal", False))}):
+        return _run_learner(ctx)
 
 
+@dataclass(frozen=True)
+class LearnerRole:
+    """What a learner task's learner does, decided once from its task: config is input only,
+    never written to tell other code.
+
+    Attributes:
+        lead: publishes weights, saves checkpoints and sends ``learner_info``: the only learner,
+            or rank 0 of a data-parallel group (the other ranks train and report their end).
+        ckpt_name: the learner's own resumable checkpoint, ``keys.ckpt(ns, ckpt_name)``: the
+            task's ``ckpt_name``, "latest" when absent (the tasks of an older coordinator).
+        resume_from: the checkpoint loaded before the run: ``ckpt_name`` for a replacement
+            learner (the task's ``resume``), else ``learner.hook.load_ckpt_before_run``; None: none.
+    """
+
+    lead: bool
+    ckpt_name: str = "latest"
+    resume_from: Optional[str] = None
+
+    @classmethod
+    def of(cls, task: LearnerTask, hook_cfg: EasyDict) -> "LearnerRole":
+        """The role of a learner task's learner (``hook_cfg``: ``policy.learn.learner.hook``)."""
+        name = task.ckpt_name
+        return cls(lead=not task.rank, ckpt_name=name,
+                   resume_from=name if task.resume else (hook_cfg.load_ckpt_before_run or None))
 
 
-def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]:
-    exp, task_id = task_namespace(task), task["task_id"]
-    rank, world_size = int(task.get("rank", 0)), int(task.get("world_size", 1))
+class TrainStats:
+    """The learner task's figures for its ``learner_info`` and ``finished`` events (call it):
+    the data source's and buffer reader's counters, policy lag, rates and CPU shares since start."""
+
+    def __init__(self, learner: BaseLearner, source: DataSource, group: Optional[LearnerGroup],
+                 first_step: PhaseHook) -> None:
+        self._learner, self._source, self._group, self._first_step = learner, source, group, first_step
+        self._t0, self._cpu0, self._sched0 = time.time(), time.process_time(), _sched_s()
+
+    def __call__(self) -> dict[str, Any]:
+        r, source = self._source.reader, self._source
+        elapsed = max(1e-9, time.time() - self._t0)
+        out = {**source.stats(), "chunks": r.chunks if r else 0, "expired": r.expired if r else 0,
+               "corrupt": r.corrupt if r else 0, "malformed": r.malformed if r else 0,
+               "redelivered": r.redelivered if r else 0, "trimmed": r.trimmed if r else 0,
+               **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
+               "train_iter_per_sec": round(self._learner.train_iter / elapsed, 2),
+               # Seconds since the first train iteration (train_iter / train_s: the training speed).
+               "train_s": round(time.time() - self._first_step.at, 3) if self._first_step.at else 0.0,
+               # Share of the time the training thread was ready to run but waited for a CPU:
+               # what the other processes on the machine (collectors, evals) cost it.
+               "sched_wait_share": round((_sched_s()[1] - self._sched0[1]) / elapsed, 4),
+               "cpu_s": round(time.process_time() - self._cpu0, 2)}  # the learner process's CPU seconds
+        if self._group is not None:  # rank 0's own share of the data, and the cost of averaging gradients
+            out.update(learner_num=self._group.world_size,
+                       allreduce_share=round(self._group.allreduce_seconds / elapsed, 4))
+        return out
+
+
+def task_hooks(lcfg: EasyDict, role: LearnerRole, conn: redis.Redis, ns: str, task_id: str,
+               publisher: PolicyPublisher, source: DataSource, group: Optional[LearnerGroup],
+               first_step: PhaseHook, stats: Callable[[], dict[str, Any]]) -> list[LearnerHook]:
+    """A learner task's hooks, in the order they run (``lcfg``: ``policy.learn.learner``)::
+
+        before_run  load_ckpt (role.resume_from) · broadcast_state (a group) ·
+                    publish_policy (lead) · phase first_policy (lead)
+        after_iter  phase first_train_step · source_feedback · save_ckpt (lead, every save_ckpt_after_iter) ·
+                    publish_policy (lead, every send_policy_freq) · log_show (every log_show_after_iter) ·
+                    send_info (lead, every send_info_freq)
+        after_run   save_ckpt (lead): final, then role.ckpt_name
+
+    The group takes rank 0's weights after it loaded its checkpoint and before they are first
+    published, so collectors start from the resumed weights, the same on every rank; the run
+    phase ``first_policy`` follows that publication. A source whose every iteration is a whole
+    rollout (``publish_every_iter``) publishes and reports every iteration.
+    """
+    hook_cfg = lcfg.hook
+    send_freq, info_freq = (1, 1) if source.publish_every_iter else (lcfg.send_policy_freq, lcfg.send_info_freq)
+    before_run: list[LearnerHook] = [LoadCkptHook(role.resume_from)] if role.resume_from else []
+    if group is not None:
+        before_run.append(BroadcastStateHook(group))
+    after_iter: list[LearnerHook] = [first_step, FeedbackHook(source)]
+    after_run: list[LearnerHook] = []
+    if role.lead:
+        before_run += [PublishPolicyHook(publisher, "before_run", 1, source.envstep_limit, wait=True),
+                       PhaseHook(conn, ns, "first_policy", "before_run")]
+        if hook_cfg.save_ckpt_after_iter > 0:
+            after_iter.append(SaveCkptHook("after_iter", hook_cfg.save_ckpt_after_iter))
+        after_iter.append(PublishPolicyHook(publisher, "after_iter", send_freq, source.envstep_limit))
+        if hook_cfg.save_ckpt_after_run:
+            after_run.append(SaveCkptHook("after_run"))
+    if hook_cfg.log_show_after_iter > 0:
+        after_iter.append(LogShowHook(hook_cfg.log_show_after_iter))
+    if role.lead:
+        after_iter.append(SendInfoHook(conn, ns, task_id, info_freq, stats))
+    return before_run + after_iter + after_run
+
+
+@dataclass
+class TaskLearner:
+    """A learner task's learner with the parts its hooks and buffer reader share."""
+
+    learner: BaseLearner
+    source: DataSource
+    publisher: PolicyPublisher
+    store: CheckpointStore
+    stats: TrainStats
+
+
+def _instance_name(task: LearnerTask, role: LearnerRole) -> str:
+    """The learner's log name: ``learner`` for the lead, ``learner_rank{r}`` for another rank."""
+    return "learner" if role.lead else f"learner_rank{task.rank}"
+
+
+def assemble(ctx: TaskContext, spec: Any, role: LearnerRole, logger: logging.Logger,
+             group: Optional[LearnerGroup] = None, device: Optional[str] = None) -> TaskLearner:
+    """Build a learner task's learner from its context (:func:`workers.task.open_task`): policy,
+    checkpoint store, data source, publisher and :func:`task_hooks`; ``learner.get_data`` is the
+    source (agreed on by a ``group``'s ranks). Reads ``ctx.cfg``, writes nothing to it; starts no thread."""
+    conn, cfg, task, ns, task_id = ctx.conn, ctx.cfg, ctx.task, ctx.ns, ctx.task_id
+    lease_key = keys.lease(ns, task_id)
+    policy = create_policy(cfg, spec, modes=("learn",), device=device)
+    name = _instance_name(task, role)
+    store = CheckpointStore(conn, ns, Path(), lease_key=lease_key, writable=role.lead)
+    learner = create_learner(cfg, policy=policy, exp_name=ns, instance_name=name, checkpoint_store=store,
+                             logger=logger, tb_logger=ShippedScalars(conn, ns, task_id, "learner"), hooks=(),
+                             resume_ckpt=role.ckpt_name)
+    store.logger = learner.logger  # the learner's log, for what a failover costs a checkpoint
+    source = create_source(ctx.algorithm.data_source, conn, ns, learner, cfg, policy.schema(),
+                           task.seed or 0, spec, group_size=1 if group is None else group.world_size)
+    publisher = PolicyPublisher(conn, ns, task.policy_id, lease_key)
+    first_step = PhaseHook(conn, ns, "first_train_step", "after_iter", record=role.lead)
+    stats = TrainStats(learner, source, group, first_step)
+    for hook in task_hooks(cfg.policy.learn.learner, role, conn, ns, task_id, publisher, source, group,
+                           first_step, stats):
+        learner.register_hook(hook)
+    learner.get_data = source
+    if group is not None:
+        group.attach(policy)
+        learner.get_data = group.agree(source)
+    return TaskLearner(learner, source, publisher, store, stats)
+
+
+def _run_learner(ctx: TaskContext) -> dict[str, Any]:
+    conn, cfg, task, ns, task_id = ctx.conn, ctx.cfg, ctx.task, ctx.ns, ctx.task_id
+    rank, world_size = task.rank or 0, task.world_size or 1
     threads = int(os.environ.get("RQRL_TORCH_THREADS", "1"))
     torch.set_num_threads(threads)
-    torch.manual_seed(int(task.get("seed", 0)))
-    events.emit(conn, exp, "started", task_id, "learner", host=socket.gethostname(), pid=os.getpid(), rank=rank)
+    torch.manual_seed(task.seed or 0)
+    events.emit(conn, ns, "started", task_id, "learner", host=socket.gethostname(), pid=os.getpid(), rank=rank)
     spec = spaces.probe(cfg)
     spaces.check_model(cfg, spec)
+    role = LearnerRole.of(task, cfg.policy.learn.learner.hook)
     device: Optional[str] = None
     group: Optional[LearnerGroup] = None
     if world_size > 1:
@@ -427,113 +504,57 @@ def _run_learner(conn: redis.Redis, cfg: EasyDict, task: dict) -> dict[str, Any]
         if dev.type == "cuda":  # one GPU per rank of this host
             dev = torch.device("cuda", rank % torch.cuda.device_count())
         device = str(dev)
-        group = join(conn, exp, task["group_id"], rank, world_size, float(cfg.policy.learn.learner.group_timeout), dev)
-        if rank != 0:  # rank 0 alone checkpoints
-            cfg.policy.learn.learner.hook.save_ckpt_after_iter = 0
-            cfg.policy.learn.learner.hook.save_ckpt_after_run = False
+        group = join(conn, ns, task.group_id, rank, world_size, float(cfg.policy.learn.learner.group_timeout), dev)
+    # Lines and scalars go to the coordinator's run folder through Redis: the worker's own folder
+    # (any machine, any cwd) gets nothing.
+    logger = shipped_logger(conn, ns, task_id, "learner", _instance_name(task, role))
     try:
-        return _train(conn, cfg, task, spec, device, group)
+        return _train(ctx, role, assemble(ctx, spec, role, logger, group, device))
     finally:
+        close_logger(logger)
         if group is not None:
             group.close()
 
 
-def _train(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, device: Optional[str],
-           group: Optional[LearnerGroup]) -> dict[str, Any]:
-    exp, task_id = task_namespace(task), task["task_id"]
-    lead = group is None or group.rank == 0  # publishes, checkpoints and reports
-    policy = create_policy(cfg, spec, modes=("learn",), device=device)
-    if task.get("resume"):
-        cfg.policy.learn.learner.hook.load_ckpt_before_run = "latest"
-    lease_key = keys.lease(exp, task_id)
-    name = "learner" if lead else f"learner_rank{group.rank}"
-    # Lines and scalars go to the coordinator's run folder through Redis: the worker's own folder
-    # (any machine, any cwd) gets nothing.
-    logger = shipped_logger(conn, exp, task_id, "learner", name)
-    try:
-        store = CheckpointStore(conn, exp, Path(), lease_key=lease_key, writable=lead)
-        learner = create_learner(cfg, policy=policy, exp_name=exp, instance_name=name, checkpoint_store=store,
-                                 logger=logger, tb_logger=ShippedScalars(conn, exp, task_id, "learner"))
-        store.logger = learner.logger  # the learner's log, for what a failover costs a checkpoint
-        return _train_with(conn, cfg, task, spec, group, policy, learner, store, lease_key)
-    finally:
-        close_logger(logger)
-
-
-def _train_with(conn: redis.Redis, cfg: EasyDict, task: dict, spec: Any, group: Optional[LearnerGroup],
-                policy: Policy, learner: "BaseLearner", store: CheckpointStore, lease_key: str) -> dict[str, Any]:
-    """Wire the data source, hooks and buffer reader to ``learner``, train until the stop, report."""
-    exp, task_id = task_namespace(task), task["task_id"]
-    lead = group is None or group.rank == 0
-    source = create_source(algorithm_of(cfg).data_source, conn, exp, learner, cfg, policy.schema(),
-                           int(task.get("seed", 0)), spec, group_size=1 if group is None else group.world_size)
-    lcfg = cfg.policy.learn.learner
-    # before_run hooks run by priority: loading a checkpoint (20) precedes the group's state
-    # broadcast (25) and the first publication (30), so collectors start from the resumed weights.
-    send_freq = 1 if source.publish_every_iter else lcfg.send_policy_freq
-    publisher = PolicyPublisher(conn, exp, task["policy_id"], lease_key)
-    if lead:
-        for position, freq in (("before_run", 1), ("after_iter", send_freq)):
-            learner.register_hook(PublishPolicyHook(publisher, position, freq, source.envstep_limit))
-        # After the first publication (priority 30).
-        learner.register_hook(PhaseHook(conn, exp, "first_policy", "before_run", 31))
-    first_step = PhaseHook(conn, exp, "first_train_step", "after_iter", 5, record=lead)
-    learner.register_hook(first_step)
-    t_start, cpu_start, sched_start = time.time(), time.process_time(), _sched_s()
-
-    def stats() -> dict[str, Any]:
-        r = source.reader
-        elapsed = max(1e-9, time.time() - t_start)
-        out = {**source.stats(), "chunks": r.chunks if r else 0, "expired": r.expired if r else 0,
-               "corrupt": r.corrupt if r else 0, "malformed": r.malformed if r else 0,
-               "redelivered": r.redelivered if r else 0,
-               **(r.policy_lag() if r else {}), "wait_share": round(source.wait_seconds / elapsed, 4),
-               "train_iter_per_sec": round(learner.train_iter / elapsed, 2),
-               # Seconds since the first train iteration (train_iter / train_s: the training speed).
-               "train_s": round(time.time() - first_step.at, 3) if first_step.at else 0.0,
-               # Share of the time the training thread was ready to run but waited for a CPU:
-               # what the other processes on the machine (collectors, evals) cost it.
-               "sched_wait_share": round((_sched_s()[1] - sched_start[1]) / elapsed, 4),
-               "cpu_s": round(time.process_time() - cpu_start, 2)}  # the learner process's CPU seconds
-        if group is not None:  # rank 0's own share of the data, and the cost of averaging gradients
-            out.update(learner_num=group.world_size, allreduce_share=round(group.allreduce_seconds / elapsed, 4))
-        return out
-
-    # On-policy iterations are whole rollouts: report each one (the commander's eval triggers count them).
-    info_freq = 1 if source.publish_every_iter else lcfg.send_info_freq
-    if lead:
-        learner.register_hook(SendInfoHook(conn, exp, task_id, info_freq, stats))
-    learner.get_data = source
-    if group is not None:
-        group.attach(policy)
-        learner.register_hook(BroadcastStateHook(group))
-        learner.get_data = group.agree(source)
-    learner.register_hook(FeedbackHook(source))
+def _train(ctx: TaskContext, role: LearnerRole, parts: TaskLearner) -> dict[str, Any]:
+    """Run the buffer reader and ``parts.learner`` until the stop, then report ``finished``."""
+    conn, task, ns, task_id = ctx.conn, ctx.task, ctx.ns, ctx.task_id
+    learner, source = parts.learner, parts.source
 
     def after_failover() -> None:
         """A new primary may lack the newest policy version and checkpoints (asynchronous
         replication): put them back, so collectors waiting for a version are released."""
-        if lead:
-            version = publisher.republish()
+        if role.lead:
+            version = parts.publisher.republish()
             learner.logger.warning("after the failover: policy version %s published again", version)
-            store.resave()
+            parts.store.resave()
 
-    reader = BufferReader(conn, exp, task["buffer_id"], task_id, source.store, learner.logger, source.notify, lease_key,
-                          train_iter=lambda: learner.train_iter, claim_orphans=lead, on_failover=after_failover)
+    stores = task_stores(conn, task.to_dict(), ns)  # one per data shard, or the control Redis's
+    reader_kwargs = dict(train_iter=lambda: learner.train_iter, claim_orphans=role.lead, on_failover=after_failover)
+    reader: BufferReader | ShardReaders
+    if task.data_shards is None:
+        reader = BufferReader(conn, ns, task.buffer_id, task_id, source.store, learner.logger, source.notify,
+                              keys.lease(ns, task_id), store=stores[0], **reader_kwargs)
+    else:
+        reader = ShardReaders(conn, ns, task.buffer_id, task_id, source.store, learner.logger, source.notify,
+                              keys.lease(ns, task_id), stores, **reader_kwargs)
     source.reader = reader
     reader.start()
     try:
         learner.start()
+        parts.publisher.flush()  # the last version is written before the task reports finished
     except BaseException:
         reader.stop()
         reader.join(timeout=5)
         learner.close()
         raise
+    finally:
+        parts.publisher.close()
     # The reader ends after its current blocking read (up to its block_ms): the run's wrap-up
     # waits for this report, not for that read, so it is joined after the report.
     reader.stop()
     learner.close()
-    info = dict(learner.learn_info, buffer_id=task["buffer_id"], **stats())
-    events.emit(conn, exp, "finished", task_id, "learner", **info)
+    info = dict(learner.learn_info, buffer_id=task.buffer_id, **parts.stats())
+    events.emit(conn, ns, "finished", task_id, "learner", **info)
     reader.join(timeout=5)
     return info

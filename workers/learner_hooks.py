@@ -1,9 +1,9 @@
 """Learner hooks: code run at ``before_run`` / ``before_iter`` / ``after_iter`` / ``after_run``.
 
-As the seed's learner_hook module: each hook has a name, a position and a priority (lower runs
-first); :func:`build_hooks` makes the standard ones from ``learner.hook`` config. The hooks of
-parallel mode (publishing the policy, learner_info events, run phases, data-source feedback, a
-learner group's state broadcast) are built by the learner task (workers/learner.py).
+As the seed's learner_hook module: each hook has a name and a position; the hooks at one
+position run in the order they were registered, nothing else orders them. :func:`build_hooks`
+makes the standard ones from ``learner.hook`` config, for a learner built on its own. A learner
+task's whole list, in the order it runs, is built in one place: ``workers.learner.task_hooks``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import redis
 
-from common import events, phases
+from common import events, keys, phases
 
 
 class BaseLearner(Protocol):
@@ -23,7 +23,8 @@ class BaseLearner(Protocol):
 
     train_iter: int
     consumed_env_steps: int  # env steps of the chunks the learner took in
-    ckpt_name: Optional[str]
+    ckpt_name: Optional[str]  # save_checkpoint's name for the after-run save (None: its player's final)
+    resume_ckpt: str  # its own resumable checkpoint: saved every N iterations and after the run
     tb_logger: Any  # a TensorBoard SummaryWriter, or None
     log_buffer: dict[str, Any]  # "scalar": {name: [values since the last show]}
     learn_info: dict[str, Any]
@@ -36,9 +37,10 @@ class BaseLearner(Protocol):
 
 
 class PolicyPublisher(Protocol):
-    """workers/learner.py's publisher of collector weights."""
+    """workers/publication.py's publisher of collector weights."""
 
     def publish(self, weights: dict[str, Any], train_iter: int, envstep_limit: int, envstep: int) -> None: ...
+    def flush(self, timeout: float = 60.0) -> None: ...
 
 
 class LearnerGroup(Protocol):
@@ -51,12 +53,16 @@ POSITIONS = ("before_run", "before_iter", "after_iter", "after_run")
 
 
 class LearnerHook:
-    """A callable run at ``position``; ``freq`` > 0 limits after_iter hooks to every N iterations."""
+    """A callable run at ``position``; ``freq`` > 0 limits after_iter hooks to every N iterations.
 
-    def __init__(self, name: str, position: str, priority: int = 50, freq: int = 1) -> None:
+    Raises:
+        ValueError: ``position`` is none of :data:`POSITIONS` (names the hook).
+    """
+
+    def __init__(self, name: str, position: str, freq: int = 1) -> None:
         if position not in POSITIONS:
             raise ValueError(f"hook {name!r}: position must be one of {POSITIONS}, got {position!r}")
-        self.name, self.position, self.priority, self.freq = name, position, priority, max(1, int(freq))
+        self.name, self.position, self.freq = name, position, max(1, int(freq))
 
     def due(self, learner: BaseLearner) -> bool:
         return self.position != "after_iter" or learner.train_iter % self.freq == 0
@@ -69,7 +75,7 @@ class LoadCkptHook(LearnerHook):
     """Load checkpoint ``ckpt_name`` (from the learner's checkpoint store) before the run."""
 
     def __init__(self, ckpt_name: str) -> None:
-        super().__init__("load_ckpt_before_run", "before_run", priority=20)
+        super().__init__("load_ckpt_before_run", "before_run")
         self.ckpt_name = ckpt_name
 
     def __call__(self, learner: BaseLearner) -> None:
@@ -77,23 +83,24 @@ class LoadCkptHook(LearnerHook):
 
 
 class SaveCkptHook(LearnerHook):
-    """Save checkpoint ``latest`` every ``freq`` iterations, or ``final`` (and ``latest``) after the run."""
+    """Save the learner's resumable checkpoint (``resume_ckpt``) every ``freq`` iterations, or
+    its player's final checkpoint (:func:`common.keys.final_ckpt_name`) and then it after the run."""
 
     def __init__(self, position: str, freq: int = 1) -> None:
         name = "save_ckpt_after_run" if position == "after_run" else "save_ckpt_after_iter"
-        super().__init__(name, position, priority=20, freq=freq)
+        super().__init__(name, position, freq=freq)
 
     def __call__(self, learner: BaseLearner) -> None:
         if self.position == "after_run":
-            learner.save_checkpoint_now(learner.ckpt_name or "final")
-        learner.save_checkpoint_now("latest")
+            learner.save_checkpoint_now(learner.ckpt_name or keys.final_ckpt_name(learner.resume_ckpt))
+        learner.save_checkpoint_now(learner.resume_ckpt)
 
 
 class LogShowHook(LearnerHook):
     """Every ``freq`` iterations: mean of each logged scalar to the text log and TensorBoard."""
 
     def __init__(self, freq: int) -> None:
-        super().__init__("log_show_after_iter", "after_iter", priority=40, freq=freq)
+        super().__init__("log_show_after_iter", "after_iter", freq=freq)
         self._last = time.time()
 
     def __call__(self, learner: BaseLearner) -> None:
@@ -113,16 +120,20 @@ class LogShowHook(LearnerHook):
 
 
 class PublishPolicyHook(LearnerHook):
-    """Publish collector weights before the run and every ``send_policy_freq`` iterations."""
+    """Publish collector weights before the run and every ``send_policy_freq`` iterations; with
+    ``wait`` (before the run: the phase ``first_policy`` that follows means written) it waits for
+    the write, else the train loop goes on while the publisher writes."""
 
     def __init__(self, publisher: PolicyPublisher, position: str, freq: int,
-                 envstep_limit: Callable[[int], int]) -> None:
-        super().__init__(f"publish_policy_{position}", position, priority=30, freq=freq)
-        self._publisher, self._limit = publisher, envstep_limit
+                 envstep_limit: Callable[[int], int], wait: bool = False) -> None:
+        super().__init__(f"publish_policy_{position}", position, freq=freq)
+        self._publisher, self._limit, self._wait = publisher, envstep_limit, wait
 
     def __call__(self, learner: BaseLearner) -> None:
         self._publisher.publish(learner.policy.get_weights(), learner.train_iter, self._limit(learner.train_iter),
                                 learner.consumed_env_steps)
+        if self._wait:
+            self._publisher.flush()
 
 
 class PhaseHook(LearnerHook):
@@ -130,9 +141,8 @@ class PhaseHook(LearnerHook):
     the first train iteration, and with ``record`` write it as run phase ``phase``
     (common/phases.py); a no-op after that."""
 
-    def __init__(self, conn: redis.Redis, exp: str, phase: str, position: str, priority: int,
-                 record: bool = True) -> None:
-        super().__init__(f"phase_{phase}_{position}", position, priority=priority)
+    def __init__(self, conn: redis.Redis, exp: str, phase: str, position: str, record: bool = True) -> None:
+        super().__init__(f"phase_{phase}_{position}", position)
         self._conn, self._exp, self._phase, self._record = conn, exp, phase, record
         self.at: Optional[float] = None
 
@@ -147,7 +157,7 @@ class FeedbackHook(LearnerHook):
     """Hand the last iteration's ``priority_info`` to the data source (prioritized replay)."""
 
     def __init__(self, source: Any) -> None:
-        super().__init__("source_feedback_after_iter", "after_iter", priority=10)
+        super().__init__("source_feedback_after_iter", "after_iter")
         self._source = source
 
     def __call__(self, learner: BaseLearner) -> None:
@@ -155,11 +165,11 @@ class FeedbackHook(LearnerHook):
 
 
 class BroadcastStateHook(LearnerHook):
-    """Learner groups: after a checkpoint is loaded (priority 20) and before the first publication
-    (30), every rank takes rank 0's policy state, so all ranks start identical."""
+    """Learner groups: every rank takes rank 0's policy state (after rank 0 loaded its checkpoint,
+    before the first publication), so all ranks start identical."""
 
     def __init__(self, group: LearnerGroup) -> None:
-        super().__init__("broadcast_state_before_run", "before_run", priority=25)
+        super().__init__("broadcast_state_before_run", "before_run")
         self._group = group
 
     def __call__(self, learner: BaseLearner) -> None:
@@ -170,7 +180,7 @@ class SendInfoHook(LearnerHook):
     """Send ``learner_info`` events (train iter, env steps, buffer and throughput figures)."""
 
     def __init__(self, conn: redis.Redis, exp: str, task_id: str, freq: int, stats: Callable[[], dict[str, Any]]) -> None:
-        super().__init__("send_info_after_iter", "after_iter", priority=60, freq=freq)
+        super().__init__("send_info_after_iter", "after_iter", freq=freq)
         self._conn, self._exp, self._task_id, self._stats = conn, exp, task_id, stats
 
     def __call__(self, learner: BaseLearner) -> None:
@@ -184,14 +194,15 @@ class SendInfoHook(LearnerHook):
 
 
 def build_hooks(hook_cfg: Any) -> list[LearnerHook]:
-    """The standard hooks from ``learner.hook`` config (as the seed's build_learner_hook_by_cfg)."""
+    """The standard hooks from ``learner.hook`` config (as the seed's build_learner_hook_by_cfg),
+    in the order they run: a checkpoint saved before the log line that shows its iteration."""
     hooks: list[LearnerHook] = []
     if hook_cfg.load_ckpt_before_run:
         hooks.append(LoadCkptHook(hook_cfg.load_ckpt_before_run))
-    if hook_cfg.log_show_after_iter > 0:
-        hooks.append(LogShowHook(hook_cfg.log_show_after_iter))
     if hook_cfg.save_ckpt_after_iter > 0:
         hooks.append(SaveCkptHook("after_iter", hook_cfg.save_ckpt_after_iter))
+    if hook_cfg.log_show_after_iter > 0:
+        hooks.append(LogShowHook(hook_cfg.log_show_after_iter))
     if hook_cfg.save_ckpt_after_run:
         hooks.append(SaveCkptHook("after_run"))
     return hooks

@@ -280,10 +280,6 @@ class SumTree:
     def get(self, idx: np.ndarray) -> np.ndarray:
         return self.levels[-1][np.asarray(idx, np.int64)]
 
-    def leaves(self) -> np.ndarray:
-        """All leaf values (a view)."""
-        return self.levels[-1]
-
 
 class PrioritizedReplayBuffer(ReplayBuffer):
     """Proportional prioritized replay (Schaul et al. 2016, "Prioritized Experience Replay").

@@ -52,6 +52,11 @@ _KEY_TTL_S = 60
 _SWEEP_EVERY_S = 10.0
 # How often a worker tries RQ's bookkeeping again while Redis answers OOM (seconds).
 _FULL_REDIS_RETRY_S = 5.0
+# Seconds the thread of RQ's command channel waits per poll (RQ: 60). At a worker's end RQ
+# unsubscribes, then stops that thread, and redis-py joins it while it waits out its poll for a
+# subscription that will not come: a worker's exit took up to a minute (py-spy: the main thread in
+# PubSubWorkerThread.stop's join, the channel's thread in get_message's wait).
+_COMMAND_POLL_S = 1.0
 
 
 class _RqrlWorker:
@@ -91,6 +96,15 @@ class _RqrlWorker:
                 worker_presence.leave(self.connection, self.name, queues)
             except redis.RedisError:
                 pass  # its key expires within worker_presence.TTL_S
+
+    def subscribe(self) -> None:
+        """RQ's subscription to this worker's command channel (``rq`` stop / kill commands), as RQ
+        makes it but polled every :data:`_COMMAND_POLL_S` seconds, so the worker's end waits at most that."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(sleep_time=_COMMAND_POLL_S, daemon=True,
+                                                       exception_handler=self._pubsub_exception_handler)
 
     # RQ's own writes of its idle loop: a full Redis refuses them, and RQ quits on the first
     # error its loop sees. Waited out here instead, so the worker serves again once Redis has room.

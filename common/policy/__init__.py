@@ -11,12 +11,14 @@ from typing import Any, Optional
 
 from easydict import EasyDict
 
-from common.config import DEFAULT_ALGORITHM
 from common.policy.base import Algorithm, Policy
+
+DEFAULT_ALGORITHM = "dqn"  # create_config.policy.type when a config names none
 
 # name -> package whose __init__ (torch-free) defines ``ALGORITHM``
 ALGORITHMS: dict[str, str] = {
     "dqn": "common.policy.dqn",
+    "impala": "common.policy.impala",
     "ppo": "common.policy.ppo",
     "sac": "common.policy.sac",
 }
@@ -73,4 +75,4 @@ def create_policy(cfg: EasyDict, spec: Any, modes: tuple[str, ...] = ("learn", "
     return policy
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "Policy", "algorithm_of", "create_policy", "get_algorithm", "register_algorithm"]
+__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "Algorithm", "Policy", "algorithm_of", "create_policy", "get_algorithm", "register_algorithm"]

@@ -22,6 +22,7 @@ serve, with ``E`` envs, ``B`` rows and ``*O`` the stored observation shape::
     # registered source (common/sources.py):
     #   "replay"     rows sampled from a replay buffer (off-policy: DQN, SAC)
     #   "on_policy"  exactly the rows produced by the current policy version (PPO); older ones are dropped
+    #   "consume_once"  every row once, oldest first, collectors never waiting for a version (IMPALA)
     info = policy.learn(batch)                           # batch {field: (B, ...)} per policy.schema() -> {str: float}
     weights = policy.get_weights()                       # {name: float32 ndarray}, published as a new version
     state = policy.state_dict(); policy.load_state_dict(state)   # checkpoints (torch tensors)
@@ -39,7 +40,7 @@ import numpy as np
 from easydict import EasyDict
 
 from common.sources import SOURCES
-from common.spaces import SpaceSpec
+from common.space_spec import SpaceSpec
 
 MODES = ("learn", "collect", "eval")
 
@@ -63,6 +64,8 @@ class Algorithm:
             ``collectors`` (collector tasks allowed at once). Plain JSON values only.
         check_setting: ``(setting) -> None``; raises ValueError naming a bad key of a collect
             setting (a hand-enqueued task is refused before it runs).
+        check_config: ``(policy section, a plain dict) -> None``; raises ValueError naming a bad
+            ``policy.*`` key (the config check turns it into a ConfigError before any launch).
         action_kinds: the action spaces it can act in (``"discrete"``, ``"box"``;
             :class:`common.spaces.SpaceSpec`), checked against the env before anything is launched.
     """
@@ -73,6 +76,7 @@ class Algorithm:
     config: dict[str, Any] = field(default_factory=dict)
     collect_setting: Callable[[EasyDict, dict[str, Any]], dict[str, Any]] = lambda cfg, info: {}
     check_setting: Callable[[dict[str, Any]], None] = lambda setting: None
+    check_config: Callable[[dict[str, Any]], None] = lambda policy: None
     action_kinds: tuple[str, ...] = ("discrete", "box")
 
     def __post_init__(self) -> None:
@@ -99,7 +103,7 @@ class Policy(ABC):
 
     Args:
         cfg: the full compiled config (``cfg.policy`` holds the algorithm's section).
-        spec: the env's spaces (common/spaces.py).
+        spec: the env's spaces (common/space_spec.py).
         modes: which of ``learn`` / ``collect`` / ``eval`` to build; collectors never build
             optimisers, eval never builds target networks.
         device: torch device name; default ``cuda`` when ``policy.cuda`` and CUDA exists, else ``cpu``.

@@ -5,6 +5,10 @@ observation (``spec.obs_kind == "image"``, common/spaces.py) first goes through 
 of ``policy.model.conv`` (default: the Nature DQN torso of Mnih et al. 2015, 32x8/4, 64x4/2,
 64x3/1, ReLU) and is flattened. Images travel and are stored as uint8; :func:`obs_tensor`
 moves them to the device as uint8 and only there makes them float32 in [0, 1].
+
+Every array of a sampled batch reaches the policy's device through :func:`to_device`: on CUDA
+it is staged in pinned (page-locked) host memory and copied without blocking the host, so the
+copy overlaps the Python that builds the next tensors; on the CPU it is ``torch.as_tensor``.
 """
 
 from __future__ import annotations
@@ -30,22 +34,42 @@ def mlp(sizes: list[int], activate_last: bool = True) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def to_device(x: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x`` (any shape) as a tensor of ``dtype`` (default: ``x``'s own) on ``device``.
+
+    CPU device: exactly ``torch.as_tensor(x, dtype=dtype, device=device)`` (no pinning: without
+    CUDA it fails, and a host-to-host copy gains nothing). CUDA device: a host array is cast on
+    the host only if that shrinks it (float64 -> float32), otherwise after the copy (bool or
+    uint8 -> float32 crosses the bus at 1 byte a value, not 4), pinned, and copied with
+    ``non_blocking=True``. Torch's pinned-memory cache keeps the staging block alive until the copy
+    on the stream is done, and kernels queued on the same stream see the copied values.
+    """
+    if device.type != "cuda":
+        return torch.as_tensor(x, dtype=dtype, device=device)
+    t = torch.as_tensor(x)
+    if t.device.type == "cpu":
+        if dtype is not None and dtype.itemsize < t.dtype.itemsize:
+            t = t.to(dtype)
+        t = t.pin_memory().to(device, non_blocking=True)
+    return t.to(device=device, dtype=dtype)
+
+
 def obs_tensor(spec: SpaceSpec, obs: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """Stored observations -> encoder input: one-hot float32 (B, n) for Discrete, flattened
     float32 (B, obs_dim) for a Box, float32 (B, C, H, W) in [0, 1] for an image or grid (uint8
     (B, *O) copied to ``device`` as uint8, then divided there by ``spec.image_high``: 255 for
     pixels, the Box's high for a grid)."""
     if spec.obs_kind == "discrete":
-        idx = torch.as_tensor(obs, dtype=torch.int64, device=device)
+        idx = to_device(obs, device, torch.int64)
         return F.one_hot(idx, spec.obs_n).to(torch.float32)
     if spec.obs_kind == "image":
-        x = torch.as_tensor(obs, device=device)  # stays uint8 through the copy: 4x fewer bytes than float32
+        x = to_device(obs, device)  # stays uint8 through the copy: 4x fewer bytes than float32
         if spec.obs_layout == "hw":
             x = x.unsqueeze(1)
         elif spec.obs_layout == "hwc":
             x = x.permute(0, 3, 1, 2)
         return x.to(torch.float32).mul_(1.0 / spec.image_high)
-    x = torch.as_tensor(obs, dtype=torch.float32, device=device)
+    x = to_device(obs, device, torch.float32)
     return x.reshape(x.shape[0], -1)
 
 

@@ -5,7 +5,8 @@ Where each number comes from (rl-zoo's name in brackets; SB3 counts its interval
 rqrl's target network in train iterations):
 
 - network 256x256 (``net_arch=[256, 256]``), a plain Q head (``dueling=False``), one-step returns
-  (``nstep=1``) as SB3's DQN; the target is double DQN's (rqrl's DQN), not SB3's plain max.
+  (``nstep=1``) as SB3's DQN; the target is double DQN's (rqrl's default), not SB3's plain max
+  (``--set policy.learn.double=False`` trains with SB3's).
 - Adam at 4e-3 (``learning_rate``), batch 128 (``batch_size``), discount 0.98 (``gamma``),
   replay buffer 10,000 transitions (``buffer_size``), learning from 1,000 env steps on
   (``learning_starts``), gradient norm clipped at 10 (SB3's ``max_grad_norm``), Huber loss.

@@ -31,7 +31,8 @@ from common.policy import create_policy
 from coordinator.commander import SoloCommander
 from workers.collector import ChunkBuilder, Collector
 from workers.comm_collector import RedisCommCollector
-from workers.comm_learner import BufferReader, publish_policy
+from workers.comm_learner import BufferReader
+from workers.publication import publish_policy
 from workers.envs import make_vector_env, true_next_obs
 from workers.replay_buffer import ReplayBuffer
 from tests.bench.stats import spread
@@ -156,7 +157,7 @@ class Bench:
             import logging
 
             from common import blobstore
-            from common.scripts import ack_chunks
+            from common.step_data import AckEntry, StepDataStore
 
             lease = keys.lease("bench", task["task_id"])
             stream = keys.buffer_meta("bench", task["buffer_id"])
@@ -178,8 +179,8 @@ class Bench:
                 dkeys = [keys.data("bench", e[1][b"data_id"].decode()) for e in entries]
                 blobs = blobstore.get_many(self.conn, dkeys)
                 assert all(b is not None for b in blobs)
-                ack_chunks(self.conn, lease, stream, keys.buffer_stats("bench", task["buffer_id"]), keys.LEARNER_GROUP,
-                           [(e[0], k, rows, "consumed") for e, k in zip(entries, dkeys)])
+                StepDataStore(self.conn, "bench", task["buffer_id"]).ack(
+                    lease, [AckEntry(e[0], k, rows, "consumed") for e, k in zip(entries, dkeys)])
             return n_chunks * nbytes / (time.perf_counter() - t0) / 1e6
 
         def raw() -> float:

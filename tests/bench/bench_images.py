@@ -33,12 +33,13 @@ import torch
 
 from common import blobstore, chunk_codec, frames, keys, serialization
 from common.config import load_config
-from common.scripts import ack_chunks
+from common.step_data import AckEntry, StepDataStore
 from tests.bench.bench_components import REPO, Bench, make_policy, pairs
 from tests.bench.stats import spread
 from workers.collector import ChunkBuilder, Collector
 from workers.comm_collector import RedisCommCollector
-from workers.comm_learner import BufferReader, publish_policy
+from workers.comm_learner import BufferReader
+from workers.publication import publish_policy
 from workers.envs import make_vector_env, true_next_obs
 from workers.replay_buffer import ReplayBuffer
 
@@ -151,8 +152,8 @@ class ImageBench(Bench):
                 dkeys = [keys.data("bench", e[1][b"data_id"].decode()) for e in entries]
                 blobs = blobstore.get_many(self.conn, dkeys)
                 assert all(b is not None for b in blobs)
-                ack_chunks(self.conn, lease, stream, keys.buffer_stats("bench", task["buffer_id"]), keys.LEARNER_GROUP,
-                           [(e[0], k, 128, "consumed") for e, k in zip(entries, dkeys)])
+                StepDataStore(self.conn, "bench", task["buffer_id"]).ack(
+                    lease, [AckEntry(e[0], k, 128, "consumed") for e, k in zip(entries, dkeys)])
             return n * reps / (time.perf_counter() - t0)
 
         def raw(blobs: list[bytes]) -> float:

@@ -26,7 +26,7 @@ def _collector_task(conn, cfg, url):
     task = commander.get_collector_task()
     lease.grant(conn, cfg.exp_name, task["task_id"], 600)
     # Published weights, so the task does not wait for a learner.
-    from workers.comm_learner import publish_policy
+    from workers.publication import publish_policy
 
     publish_policy(conn, cfg.exp_name, task["policy_id"],
                    initial_weights(cfg), 0, 10**9)

@@ -21,7 +21,7 @@ from common.seeding import env_seeds
 from coordinator.commander import SoloCommander
 from workers.collector import Collector
 from workers.comm_collector import RedisCommCollector
-from workers.comm_learner import publish_policy
+from workers.publication import publish_policy
 from tests.conftest import initial_weights
 
 pytestmark = pytest.mark.redis_server

@@ -14,7 +14,7 @@ from common.config import apply_overrides
 from tests.conftest import initial_weights
 from tests.integration.test_bad_input import _collector_task
 from workers.collector import run_collector_task
-from workers.comm_learner import publish_policy
+from workers.publication import publish_policy
 
 pytestmark = pytest.mark.redis_server
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common.connection import connect
-from tests.conftest import REPO, rq_bin, run_rqrl, wait_event, wait_gone, worker_env
+from tests.conftest import REPO, rq_bin, run_rqrl, stop_workers, wait_event, wait_gone, worker_env
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -96,20 +96,15 @@ def test_by_hand_coordinator_and_stock_rq_workers(tmp_path, redis_server):
         fields = {k.decode(): v.decode() for k, v in entries[0][1].items()}
         assert {"data_id", "policy_version", "n_samples", "env_steps"} <= set(fields)
         assert int(fields["n_samples"]) > 0
-        for w in workers:
+        for w in workers:  # RQ's warm shutdown: a worker ends once its job has (the learner's may still save)
             w.send_signal(signal.SIGTERM)
-            w.wait(timeout=20)
+        for w in workers:
+            w.wait(timeout=180)  # a hang guard: a loaded box (CI beside two soaks) once needed more than 20 s
         for log in logs[1:]:  # the collector workers
             text = log.read_text()
             assert text.count("envs are built and reset at every task") == 1, text[-3000:]
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        stop_workers(workers)
 
 
 def test_limit_without_convergence_exits_2_and_a_rerun_starts_fresh(tmp_path, redis_server):
@@ -123,6 +118,23 @@ def test_limit_without_convergence_exits_2_and_a_rerun_starts_fresh(tmp_path, re
         assert "max_train_iter 50 reached without convergence" in res.stdout
         assert "exited with code" not in res.stderr  # no false alarms about workers we stopped
         assert wait_gone(exp) == []
+
+
+def test_a_run_that_ends_on_its_env_step_budget_has_its_last_eval_at_the_budget(tmp_path, redis_server):
+    """Issue 34's done-when at a quarter of its 20,000 env steps (the closing eval is the same at
+    any budget): an unreachable stop value, so the run stops on max_env_step, with a closing eval."""
+    exp = f"closing_{os.getpid()}"
+    res = _rqrl("train", CONFIG, "--redis-url", redis_server.url, "--set", f"exp_name={exp}",
+                "--set", "commander.max_env_step=5000", "--set", "env.stop_value=100000",
+                "--set", "commander.max_wall_seconds=0", cwd=tmp_path, timeout=300)
+    assert res.returncode == 2, res.stdout + res.stderr[-3000:]
+    run = tmp_path / exp / "latest"
+    evals = [json.loads(ln) for ln in (run / "evals.jsonl").read_text().splitlines() if ln.strip()]
+    assert evals[-1]["envstep"] >= 5000, evals
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_eval"]["task_id"] == evals[-1]["task_id"] and summary["final_eval"]["closing"] is True
+    assert summary["final_eval"]["envstep"] >= 5000 and summary["exit_code"] == 2
+    assert f"the closing eval at {summary['final_eval']['envstep']} env steps" in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -26,6 +26,7 @@ def test_the_config_check_reads_the_new_sources_spec():
 
 @pytest.mark.redis_server
 @pytest.mark.slow
+@pytest.mark.server_agnostic
 @pytest.mark.timeout(300)
 def test_a_fifo_source_trains_on_every_row_once_in_arrival_order(tmp_path, redis_server):
     exp = f"fifo_{os.getpid()}"

@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import REPO, run_rqrl
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.server_agnostic]
 
 CONFIGS = {"dqn": str(REPO / "tests" / "fixtures" / "litcell_dqn.py"),
            "ppo": str(REPO / "tests" / "fixtures" / "litcell_ppo.py")}

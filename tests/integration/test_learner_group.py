@@ -22,7 +22,7 @@ from tests.fixtures.ddp_rank import TinyPolicy, data
 from workers.ddp import GroupError, join
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
-pytestmark = [pytest.mark.redis_server, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.redis_server, pytest.mark.timeout(900), pytest.mark.server_agnostic]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 

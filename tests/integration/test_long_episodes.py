@@ -16,7 +16,7 @@ from common import keys, streams
 from common.connection import connect
 from tests.conftest import REPO, run_rqrl
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.server_agnostic]
 
 CONFIG = str(REPO / "tests" / "fixtures" / "countdown_dqn.py")
 

@@ -90,9 +90,15 @@ def test_check_train_step_names_the_iteration_and_tensor():
     p.grad = torch.full_like(p, float("inf"))
     with pytest.raises(NonFiniteError, match=r"train iter 8: non-finite gradient model\.\S+ \("):
         check_train_step(policy, {"total_loss": 1.0}, 8)
-    p.grad = None
+    for q in policy.model.parameters():  # an iteration that stepped every weight of the model
+        q.grad = torch.zeros_like(q)
+    last_name, last = list(policy.model.named_parameters())[-1]
     with torch.no_grad():
-        p[0] = float("nan")
-    with pytest.raises(NonFiniteError, match=r"train iter 9: non-finite weight model\."):
+        last[0] = float("nan")
+    with pytest.raises(NonFiniteError, match=rf"train iter 9: non-finite weight model\.{last_name} \(1 of"):
         check_train_step(policy, {"total_loss": 1.0}, 9)
+    last.grad = None  # not stepped this iteration (as a target network's weights): left to check_arrays
+    check_train_step(policy, {"total_loss": 1.0}, 10)
+    with pytest.raises(NonFiniteError, match="non-finite weight"):
+        check_arrays({k: v.detach() for k, v in policy.model.state_dict().items()}, "published policy")
     check_arrays({"a": np.ones(3, np.float32), "n": {"b": [1.0, 2]}, "i": np.arange(3)}, "fine")

@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import REPO, run_rqrl
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.server_agnostic]
 
 PPO_CONFIG = str(REPO / "deploy" / "configs" / "cartpole_ppo.py")
 DQN_CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ import pytest
 import redis
 
 from common.embedded_redis import EmbeddedRedis, binary_version, find_redis_server, free_port
-from tests.conftest import REDIS_SERVERS, REPO, WORKER_CLASS, rq_bin, worker_env
+from tests.conftest import REDIS_SERVERS, REPO, WORKER_CLASS, rq_bin, stop_workers, worker_env
 from common.rq_json import TaskSerializer
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
@@ -249,14 +248,7 @@ def test_training_run_as_rqrl_user(acl_server, tmp_path):
         assert clean.returncode == 0, clean.stdout + clean.stderr
         assert not list(s.admin.scan_iter(match=f"rqrl:{exp}/*")), "rqrl clean left keys behind"
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
+        stop_workers(workers, timeout=30)
     _assert_no_denials(s, "a training run (coordinator, collector and learner workers, rqrl status)")
 
 

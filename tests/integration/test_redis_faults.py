@@ -113,7 +113,7 @@ def _passing_eval_run(conn, cfg, tmp_path) -> tuple[str, bytes]:
                      "avg_time_per_step": 0.001, "reward_mean": 200.0, "reward_std": 1.0, "avg_step_per_episode": 200.0,
                      "avg_time_per_episode": 0.2, "ts": 1_700_000_000.0})
     c1._persist(conn.pipeline(transaction=True)).execute()
-    c1.wrapup.export_best()
+    c1.exports.export_best()
     c1._persist(conn.pipeline(transaction=True)).execute()  # the loop's next write records best.pt's eval
     assert (c1.out / "best.pt").read_bytes() == weights
     c1.ownership.release()
@@ -526,10 +526,10 @@ def test_a_workers_clock_off_redis_is_named_and_run_times_use_one_clock(real_red
     assert "this machine's clock is +7200" in caplog.text
     c._process_events(block_ms=100)
     assert "worker w-ahead's clock is +7200" in caplog.text
-    c.wrapup.write_summary(running=True)
+    c._write_summary()
     assert "clocks off Redis's: w-ahead +7200.0 s" in render(collect_status(real_redis, exp))
     record = eval_record({"task_id": "t1", "ts": real_t() + 7200}, "run", 0, 1.0)
-    assert abs(record["time"] - real_t()) < 60
+    assert abs(record.time - real_t()) < 60
     c.ownership.release()
     c.tb.close()
 

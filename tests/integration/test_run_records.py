@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, rq_bin, run_rqrl, worker_env
+from tests.conftest import REPO, rq_bin, run_rqrl, start_rq_workers, worker_env
 
 DQN = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
@@ -86,9 +86,6 @@ def test_many_machines_recipe_keeps_every_record_in_the_coordinators_run_folder(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.backend.event_processing.io_wrapper import GetLogdirSubdirectories
 
-    from rq import Worker
-    from rq.worker_registration import REDIS_WORKER_KEYS
-
     from common.connection import connect
 
     conn = connect(redis_server.url)
@@ -97,23 +94,13 @@ def test_many_machines_recipe_keeps_every_record_in_the_coordinators_run_folder(
     head = tmp_path / "head"
     head.mkdir()
     env = worker_env(redis_server.url)
-    # Each rq worker's registration (SADD to RQ's worker set) wakes the wait: keyspace events.
-    conn.config_set("notify-keyspace-events", "Ks")
-    registrations = conn.pubsub(ignore_subscribe_messages=True)
-    registrations.subscribe(f"__keyspace@0__:{REDIS_WORKER_KEYS}")
-    workers = [subprocess.Popen([rq_bin(), "worker", queue, "--url", redis_server.url, "-w", "workers.worker.PreloadWorker",
-                                 "--name", f"{exp}-{queue}{i}"], cwd="/", env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT)
-               for i, queue in enumerate(("learner", "collector", "collector"))]
+    # The workers are up first, as in the recipe: a coordinator that sees its collectors only
+    # after the learner trained to its budget has no eval to record.
+    workers = start_rq_workers(conn, [[rq_bin(), "worker", queue, "--url", redis_server.url, "-w",
+                                       "workers.worker.PreloadWorker", "--name", f"{exp}-{queue}{i}"]
+                                      for i, queue in enumerate(("learner", "collector", "collector"))],
+                               cwd="/", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        # The workers are up first, as in the recipe: a coordinator that sees its collectors only
-        # after the learner trained to its budget has no eval to record.
-        deadline = time.monotonic() + 90  # a hang guard only
-        while Worker.count(connection=conn) < len(workers):
-            assert time.monotonic() < deadline, "the rq workers did not register within 90 s"
-            registrations.get_message(timeout=deadline - time.monotonic())  # None: the subscribe reply
-        registrations.close()
-        conn.config_set("notify-keyspace-events", "")
         coord = subprocess.run(
             [sys.executable, "-m", "coordinator", DQN, "--redis-url", redis_server.url, "--run-name", "r1",
              "--set", f"exp_name={exp}", "--set", "env.stop_value=100000", "--set", "commander.max_train_iter=200",

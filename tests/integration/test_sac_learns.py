@@ -15,7 +15,7 @@ import torch
 
 from tests.conftest import REPO, run_rqrl
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.server_agnostic]
 
 SAC_CONFIG = str(REPO / "deploy" / "configs" / "pendulum_sac.py")
 DQN_CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")

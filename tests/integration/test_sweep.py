@@ -14,7 +14,7 @@ from common import keys, streams
 from coordinator.sweep import band, parse_seeds
 from tests.conftest import REPO, run_rqrl
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.server_agnostic]
 
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 

@@ -97,7 +97,7 @@ def test_eval_task_counts_episodes_once_and_sends_no_data(setup):
     assert task["eval_flag"]
     lease.grant(conn, exp, task["task_id"], 600)
     # A published policy is all an eval task needs (no learner running).
-    from workers.comm_learner import publish_policy
+    from workers.publication import publish_policy
 
     publish_policy(conn, exp, task["policy_id"], initial_weights(cfg), 500, 10**9)
     Queue(keys.COLLECTOR_QUEUE, connection=conn, serializer=TaskSerializer).enqueue_call(

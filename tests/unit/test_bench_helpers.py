@@ -81,6 +81,36 @@ def test_soak_key_kinds_and_the_projection_per_day():
     assert "+100.0 MB/day" in text and "+100" in text.splitlines()[4]
 
 
+def _soak_sample(t: float, memory: float, key_count: int, rss: dict[str, float]) -> dict:
+    return {"t": t, "used_memory": memory, "keys": {"k": key_count}, "rss": rss}
+
+
+def test_soak_checks_judge_memory_after_the_ttl_window_and_rss_over_the_last_20_minutes():
+    from tests.bench.bench_soak import checks
+
+    # Memory doubles in the first TTL window (step data piling up to its TTL), then holds: flat.
+    samples = [_soak_sample(60.0 * m, 100.0 * (1 + min(m, 10) / 10), 50, {"1 learner": 100.0, "2 old": 10.0})
+               for m in range(31)]
+    samples[-1]["rss"] = {"1 learner": 104.0, "3 restarted": 500.0}  # pid 2 gone, pid 3 new: neither judged
+    c = checks(samples, ttl_s=600)
+    assert c["memory_flat"] and c["memory_no_growth"] and c["used_memory_drift"] == 0.0 and c["window_s"] == 1200.0
+    assert c["rss_flat"] and c["rss_growth"] == {"1 learner": 0.04} and c["rss_window_s"] == 1200.0
+    # A leak: memory still climbing 1 % a minute after the window; an RSS 6 % up over the last 20 minutes.
+    for m, s in enumerate(samples):
+        s["used_memory"] = 100.0 * (1 + 0.01 * m)
+    samples[-1]["rss"]["1 learner"] = 106.0
+    c = checks(samples, ttl_s=600)
+    assert not c["memory_flat"] and not c["memory_no_growth"] and c["used_memory_drift"] > 0.10
+    assert not c["rss_flat"] and c["worst_rss_growth"] == {"process": "1 learner", "growth": 0.06}
+    # A run whose rates fall holds fewer TTL-bound keys: not flat, but no growth either.
+    for m, s in enumerate(samples):
+        s["used_memory"], s["keys"] = 100.0 * (1 - 0.01 * m), {"k": 100 - m}
+    c = checks(samples, ttl_s=600)
+    assert not c["memory_flat"] and c["memory_no_growth"]
+    with pytest.raises(ValueError, match="TTL window of 600 s"):
+        checks(samples[:10], ttl_s=600)
+
+
 def test_the_source_line_names_parts_taken_from_their_own_benchmark_runs():
     from tests.bench.report import source_line
 

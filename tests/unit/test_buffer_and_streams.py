@@ -284,11 +284,10 @@ def test_read_group_returns_entries_and_ack(fake_redis):
     assert [e[0] for e in got] == ids[:3]
     assert streams.decode_fields(got[0][1]) == {"n": 0}
     assert fake_redis.xpending("st", "g")["pending"] == 3
-    streams.ack(fake_redis, "st", "g", [e[0] for e in got])
+    fake_redis.xack("st", "g", *[e[0] for e in got])
     assert fake_redis.xpending("st", "g")["pending"] == 0
     rest = streams.read_group(fake_redis, "st", "g", "c1", count=10, block_ms=50)
     assert [e[0] for e in rest] == ids[3:]
-    streams.ack(fake_redis, "st", "g", [])  # no-op
 
 
 def test_read_group_block_times_out_empty(fake_redis):

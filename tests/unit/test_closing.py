@@ -45,3 +45,29 @@ def test_missing_figures_read_as_none():
         "rqrl e/r: interrupted by SIGINT", "  wall time      1.2 s", "  env steps      0", "  train iters    0",
         "  last eval      - (stop_value 195)", "  final policy   not saved", "  curve          no evaluations",
         "  phases         none"]
+
+
+def test_a_closing_eval_is_named_on_the_last_eval_line():
+    summary = {"exp_name": "e", "run_name": "r", "status": "max_env_step 5000 reached without convergence",
+               "wall_seconds": 9.0, "envstep": 5100, "train_iter": 900, "last_eval_reward_mean": 120.5,
+               "stop_value": 100000, "final_pt": "", "phases": {},
+               "final_eval": {"task_id": "t", "policy_version": 880, "envstep": 5064, "reward_mean": 120.5,
+                              "closing": True}}
+    assert "  last eval      120.50 (stop_value 100000, the closing eval at 5064 env steps)" in closing.render(summary)
+    summary["final_eval"]["closing"] = False
+    assert "  last eval      120.50 (stop_value 100000)\n" in closing.render(summary)
+
+
+def test_final_pt_is_copied_from_the_main_players_own_final_checkpoint(tmp_path, fake_redis, small_cfg):
+    """A player whose checkpoint is not "latest" has final checkpoints of its own name
+    (common.keys.final_ckpt_name): final.pt comes from the main player's, never another's."""
+    from coordinator.commander_view import AtStop
+
+    c = Coordinator(EasyDict(copy.deepcopy(small_cfg)), fake_redis, tmp_path, run_name="r1")
+    blobstore.put_versioned(fake_redis, keys.ckpt(c.exp, "final_model"), b"another player's bundle", 9)
+    blobstore.put_versioned(fake_redis, keys.ckpt(c.exp, "p1_latest_final_model"), b"main player's bundle", 4)
+    at_stop = AtStop(envstep=0, train_iter=4, final_eval_task="", best={}, last={}, policy_id="", buffer_id="",
+                     ckpt_name="p1_latest")
+    final = c.exports.export_final(at_stop, redis_lost=False)
+    assert final.path.read_bytes() == b"main player's bundle" and final.policy_version == 4
+    c.tb.close()

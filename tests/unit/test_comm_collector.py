@@ -19,7 +19,7 @@ import redis
 from common import keys
 from common.scripts import LeaseRevoked
 from workers.comm_collector import RedisCommCollector
-from workers.comm_learner import publish_policy
+from workers.publication import publish_policy
 
 pytestmark = pytest.mark.redis_server
 

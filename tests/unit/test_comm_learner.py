@@ -1,4 +1,5 @@
-"""Unit tests for workers/comm_learner.py with fakeredis: BufferReader, policy and checkpoint I/O."""
+"""Unit tests with fakeredis: the BufferReader (workers/comm_learner.py), policy publication
+(workers/publication.py) and checkpoint I/O (workers/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 
 from common import blobstore, keys, serialization, streams
-from workers.comm_learner import BufferReader, load_checkpoint, publish_policy, save_checkpoint
+from workers.checkpoints import load_checkpoint, save_checkpoint
+from workers.comm_learner import BufferReader
+from workers.publication import publish_policy
 from workers.replay_buffer import ReplayBuffer
 
 EXP = "test_exp"
@@ -336,6 +339,32 @@ def test_reader_thread_claims_orphans_of_dead_learner(fake_redis):
         reader.join(5.0)
 
 
+def test_reader_thread_reclaims_what_a_frozen_learner_read_after_its_start(fake_redis, monkeypatch, caplog):
+    """A learner frozen past its replacement's start (SIGSTOP) reads entries when it resumes, after
+    the replacement's start claim; its revoked lease refuses their ack. The replacement claims
+    them once they are unacked for _RECLAIM_IDLE_S (shortened here)."""
+    monkeypatch.setattr("workers.comm_learner._RECLAIM_IDLE_S", 0.05)
+    reader, buf, _ = make_reader(fake_redis, consumer="learner_task_new", on_data=lambda: None, block_ms=20)
+    reader.start()
+    try:
+        send(fake_redis, "first", serialization.dumps(make_chunk(2, 1.0)), n_samples=2, env_steps=2)
+        assert wait_until(lambda: len(buf) == 2)  # past its start claim
+        with caplog.at_level(logging.INFO, logger=LOG.name):
+            pipe = fake_redis.pipeline(transaction=True)  # the zombie's read, before the reader can take them
+            for i, tag in enumerate((7.0, 8.0)):
+                pipe.set(keys.data(EXP, f"late_{i}"), serialization.dumps(make_chunk(3, tag)), ex=600)
+                pipe.xadd(keys.buffer_meta(EXP, BUF), {"data_id": f"late_{i}", "n_samples": 3, "env_steps": 3,
+                                                       "policy_version": 0})
+            pipe.xreadgroup(keys.LEARNER_GROUP, "learner_task_old", {keys.buffer_meta(EXP, BUF): ">"}, count=10)
+            assert len(pipe.execute()[-1][0][1]) == 2
+            assert wait_until(lambda: len(buf) == 8)
+        assert rewards_in(buf) == {1.0, 7.0, 8.0} and pending(fake_redis) == 0 and reader.duplicates == 0
+        assert any("frozen past this learner's start" in r.getMessage() for r in caplog.records)
+    finally:
+        reader.stop()
+        reader.join(5.0)
+
+
 def test_reader_thread_surfaces_fatal_error(fake_redis, monkeypatch):
     got = threading.Event()
     reader, _, _ = make_reader(fake_redis, on_data=got.set, block_ms=20)
@@ -423,6 +452,59 @@ def test_publish_policy_with_lease(fake_redis):
     assert int(fake_redis.hget(keys.policy(EXP, "policy_2"), "version")) == 5
     assert ps.get_message(timeout=0.2) is None
     ps.close()
+
+
+def _announced(ps) -> list[bytes]:
+    out = []
+    while (msg := ps.get_message(timeout=0.2)) is not None:
+        out.append(msg["data"])
+    return out
+
+
+def test_the_publisher_writes_off_the_train_loop_and_the_newest_pending_version_wins(fake_redis):
+    from workers.publication import PolicyPublisher
+
+    fake_redis.set(LEASE, "1")
+    ps = fake_redis.pubsub()
+    ps.subscribe(keys.policy_updates(EXP, "policy_3"))
+    assert ps.get_message(timeout=1.0)["type"] == "subscribe"
+    pub = PolicyPublisher(fake_redis, EXP, "policy_3", LEASE)
+    try:
+        with pub._lock:  # Redis "slow": the writer holds version 1 while the train loop goes on
+            pub.publish({"b": np.full(3, 1.0, np.float32)}, 1, 10, 0)
+            with pub._state:  # the writer has taken version 1 and waits for the write lock
+                assert pub._state.wait_for(lambda: pub._writing, timeout=10)
+            pub.publish({"b": np.full(3, 2.0, np.float32)}, 2, 20, 0)
+            pub.publish({"b": np.full(3, 3.0, np.float32)}, 3, 30, 0)
+        pub.flush(timeout=10)
+        meta, payload = blobstore.get_versioned(fake_redis, keys.policy(EXP, "policy_3"))
+        assert meta["version"] == "3" and serialization.loads(payload)["b"][0] == 3.0
+        announced = _announced(ps)
+        assert announced == [b"1 10", b"3 30"], announced  # version 2 was replaced before it was written
+        assert pub.republish() == 3
+    finally:
+        pub.close()
+        ps.close()
+
+
+def test_a_publication_refused_by_its_lease_fails_the_next_publish_and_flush(fake_redis):
+    from common.scripts import LeaseRevoked
+    from workers.publication import PolicyPublisher
+
+    fake_redis.set(LEASE, "1")
+    pub = PolicyPublisher(fake_redis, EXP, "policy_4", LEASE)
+    try:
+        pub.publish({"b": np.ones(3, np.float32)}, 1, 10, 0)
+        pub.flush(timeout=10)
+        fake_redis.delete(LEASE)
+        pub.publish({"b": np.ones(3, np.float32)}, 2, 20, 0)
+        with pytest.raises(LeaseRevoked, match=LEASE):
+            pub.flush(timeout=10)
+        with pytest.raises(LeaseRevoked, match=LEASE):
+            pub.publish({"b": np.ones(3, np.float32)}, 3, 30, 0)
+        assert int(fake_redis.hget(keys.policy(EXP, "policy_4"), "version")) == 1
+    finally:
+        pub.close()
 
 
 def test_save_checkpoint_with_revoked_lease_writes_nothing(fake_redis):

@@ -13,7 +13,7 @@ from easydict import EasyDict
 from common import keys
 
 
-from coordinator.commander import _LEARNER_INFO_HISTORY, SoloCommander, create_commander
+from coordinator.commander import _LEARNER_INFO_HISTORY, LearnerReports, SoloCommander, create_commander
 
 
 class FakeClock:
@@ -547,10 +547,12 @@ def test_learner_info_history_bounded(small_cfg):
     c.get_learner_task()
     for i in range(1000):
         c.update_learner_info("l", {"train_iter": i, "consumed_env_steps": i * 2})
-    assert len(c._learner_info) <= 100
-    assert _LEARNER_INFO_HISTORY <= 100
     assert c.train_iter == 999
     assert c.total_envstep == 1998
+    reports = LearnerReports()
+    for i in range(1000):
+        reports.append({"train_iter": i})
+    assert len(reports) == _LEARNER_INFO_HISTORY <= 100 and reports.latest == {"train_iter": 999}
 
 
 def test_finished_collector_tasks_are_counted_not_kept(small_cfg):
@@ -614,3 +616,57 @@ def test_summary_fields(small_cfg):
     assert s["stop_value"] == small_cfg.env.stop_value
     assert s["converged"] is False
     assert s["last_eval_reward_mean"] is None  # no eval yet: no number (null in JSON, "" in Redis)
+
+
+# ---------------------------------------------------------------- the closing eval at a budget
+
+def test_no_closing_eval_before_the_learner_trained(small_cfg):
+    c = make(small_cfg)
+    assert c.begin_closing() is None  # no learner yet
+    c.get_learner_task()
+    assert c.begin_closing() is None  # a learner, no train iteration yet
+    assert not c.get_collector_task()["eval_flag"]  # and the run goes on as before
+
+
+def test_a_closing_eval_is_one_eval_of_the_newest_version_after_which_no_task_is_handed_out(small_cfg):
+    stop = small_cfg.env.stop_value
+    c = make(small_cfg, eval_every_train_iter=0, eval_interval=0.0, confirm_eval_episodes=20)
+    c.get_learner_task()
+    c.update_learner_info("l", {"train_iter": 9, "consumed_env_steps": 1200})
+    closing = c.begin_closing()
+    assert closing is not None and closing.pending and c.begin_closing() is closing
+    ev = c.get_collector_task()
+    assert ev["eval_flag"] and "eval_policy_key" not in ev  # the newest published version, not a replay
+    assert closing.task_id == ev["task_id"]
+    assert c.get_collector_task() is None and c.get_learner_task() is None
+    # Reaching stop_value at the closing eval does not converge the run, nor ask for a confirmation.
+    assert c.finish_collector_task(ev["task_id"], finished(ev, reward_mean=stop + 50, train_iter=9)) is False
+    assert not closing.pending and not c.end_flag and c.final_eval_task is None
+    assert c.last_eval["task_id"] == ev["task_id"] and c.last_eval["closing"] is True
+    assert c.last_eval["envstep"] == 1200 and c.best_eval["task_id"] == ev["task_id"]
+    assert c.get_collector_task() is None  # one closing eval, once
+
+
+def test_the_closing_eval_waits_for_an_eval_running_at_the_budget(small_cfg):
+    c = make(small_cfg, eval_every_train_iter=1, collector_task_space=3)
+    c.get_learner_task()
+    c.update_learner_info("l", {"train_iter": 1})
+    running = c.get_collector_task()
+    assert running["eval_flag"]
+    closing = c.begin_closing()
+    assert c.get_collector_task() is None  # not a second eval beside it, and no training task
+    c.finish_collector_task(running["task_id"], finished(running, reward_mean=1.0, train_iter=1))
+    assert closing.pending and "closing" not in c.last_eval
+    ev = c.get_collector_task()
+    assert ev["eval_flag"] and closing.task_id == ev["task_id"]
+
+
+def test_a_failed_closing_eval_is_over(small_cfg):
+    c = make(small_cfg, eval_every_train_iter=0, eval_interval=0.0)
+    c.get_learner_task()
+    c.update_learner_info("l", {"train_iter": 3})
+    closing = c.begin_closing()
+    ev = c.get_collector_task()
+    c.notify_fail_collector_task(ev)
+    assert not closing.pending and c.last_eval is None
+    assert c.get_collector_task() is None

@@ -84,6 +84,16 @@ def test_unknown_top_level_key_suggests():
     assert "'exp_nmae'" in str(ei.value) and "'exp_name'" in str(ei.value)
 
 
+@pytest.mark.parametrize("given, suggested", [
+    ("batch_size", "'policy.learn.batch_size'"),        # a leaf's name given without its path
+    ("policy.batch_size", "'policy.learn.batch_size'"),  # a level left out
+    ("stop_valu", "'env.stop_value'"),                   # both: misspelt and without its path
+])
+def test_a_key_given_at_the_wrong_depth_suggests_where_it_lives(given, suggested):
+    with pytest.raises(ConfigError, match=f"unknown config key '{given}'; did you mean {suggested}\\?"):
+        apply_overrides(compile_config({}), [f"{given}=128"])
+
+
 def test_unknown_key_without_close_match_has_no_suggestion():
     with pytest.raises(ConfigError) as ei:
         compile_config({"env": {"zzzzzzzz": 1}})

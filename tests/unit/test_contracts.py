@@ -41,7 +41,8 @@ class _NoExports(BaseCommander):
 def test_a_commander_without_the_members_the_coordinator_reads_cannot_be_built():
     with pytest.raises(TypeError) as e:
         _NoExports()
-    for member in ("best_eval", "eval_bundles_in_use", "final_eval_task", "last_eval", "summary", "state_dict", "load_state_dict",
+    for member in ("best_eval", "eval_bundles_in_use", "final_eval_task", "last_eval", "players", "summary",
+                   "state_dict", "load_state_dict",
                    "restore", "total_envstep", "train_iter"):
         assert member in str(e.value)
 

@@ -264,10 +264,6 @@ def test_compose_sentinel_override():
 K8S_SENTINEL = K8S / "sentinel"
 
 
-def _k8s_sentinel_docs() -> dict[str, dict]:
-    return {p.name: yaml.safe_load(p.read_text()) for p in sorted(K8S_SENTINEL.glob("*.yaml"))}
-
-
 def _smp(base: dict, patch: dict) -> dict:
     """Kubernetes' strategic merge for what the patches here use: maps merge, lists of named
     items (containers, env) merge by name, other lists are replaced."""
@@ -286,8 +282,10 @@ def _smp(base: dict, patch: dict) -> dict:
     return out
 
 
-def test_k8s_sentinel_overlay():
-    docs = _k8s_sentinel_docs()
+def _overlay_objects(folder: Path) -> dict[tuple[str, str], dict]:
+    """The objects of the kustomize overlay in ``folder`` over deploy/k8s: its resources added, its
+    patches applied (each must patch an object of the base, and every file is listed once)."""
+    docs = {p.name: yaml.safe_load(p.read_text()) for p in sorted(folder.glob("*.yaml"))}
     kust = docs.pop("kustomization.yaml")
     assert kust["namespace"] == "rqrl" and kust["resources"][0] == "../"
     assert sorted(kust["resources"][1:] + [p["path"] for p in kust["patches"]]) == sorted(docs)
@@ -300,6 +298,11 @@ def test_k8s_sentinel_overlay():
         objs[key] = _smp(base[key], patch)
     for name in kust["resources"][1:]:
         objs[(docs[name]["kind"], docs[name]["metadata"]["name"])] = docs[name]
+    return objs
+
+
+def test_k8s_sentinel_overlay():
+    objs = _overlay_objects(K8S_SENTINEL)
     redis_sts, sentinel = objs[("StatefulSet", "redis")], objs[("StatefulSet", "sentinel")]
     assert redis_sts["spec"]["replicas"] == 2 and sentinel["spec"]["replicas"] == 3
     for sts, svc in ((redis_sts, "redis-nodes"), (sentinel, "sentinel")):
@@ -326,6 +329,56 @@ def test_k8s_sentinel_overlay():
     for key in [("StatefulSet", "redis"), ("StatefulSet", "sentinel"), ("Service", "redis-nodes"),
                 ("Service", "sentinel"), ("ConfigMap", "sentinel-config"), ("Deployment", "rqrl-collector"),
                 ("Deployment", "rqrl-learner")]:
+        kv.validate(objs[key], "1.30.0", strict=True)
+
+
+def test_compose_shards_override():
+    """docker-compose.shards.yml: two step-data Redis servers without persistence, and their URLs
+    (parsed as rqrl parses them) on the coordinator and both workers, which wait for them."""
+    from common.data_shards import parse_urls
+
+    c = compose("docker-compose.yml", "docker-compose.shards.yml")
+    services = c["services"]
+    for shard in ("redis-data0", "redis-data1"):
+        cmd = services[shard]["command"]
+        assert "--requirepass" in cmd and cmd[cmd.index("--maxmemory-policy") + 1] == "noeviction"
+        assert cmd[cmd.index("--save") + 1] == "" and cmd[cmd.index("--appendonly") + 1] == "no"
+        assert "ping" in " ".join(services[shard]["healthcheck"]["test"])
+    password = _env_file(DOCKER / ".env.example")["REDIS_PASSWORD"]
+    for name in ("coordinator", "collector", "learner"):
+        env = services[name]["environment"]
+        urls = parse_urls(env["RQRL_DATA_REDIS_URL"])
+        assert urls == [f"redis://:{password}@redis-data{i}:6379/0" for i in range(2)]
+        assert env["RQRL_REDIS_URL"].endswith("@redis:6379/0"), "the control Redis stays the base's"
+        for dep in ("redis", "redis-data0", "redis-data1"):
+            assert services[name]["depends_on"][dep]["condition"] == "service_healthy"
+
+
+K8S_SHARDS = K8S / "shards"
+
+
+def test_k8s_shards_overlay():
+    from common.data_shards import parse_urls
+
+    objs = _overlay_objects(K8S_SHARDS)
+    sts, svc = objs[("StatefulSet", "redis-data")], objs[("Service", "redis-data")]
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == "redis-data"
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    args = _container(sts, "redis")["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction" and args[args.index("--save") + 1] == ""
+    for kind, name, cont in (("Job", "rqrl-coordinator", "coordinator"), ("Deployment", "rqrl-collector", "collector"),
+                             ("Deployment", "rqrl-learner", "learner")):
+        env = {e["name"]: e for e in _container(objs[(kind, name)], cont)["env"]}
+        assert env["RQRL_DATA_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "rqrl-redis", "key": "data-redis-url"}
+        assert "RQRL_REDIS_URL" in env, "the base's control Redis URL is kept"
+    # The URL list the kustomization's comment gives names each pod of the StatefulSet once.
+    text = (K8S_SHARDS / "kustomization.yaml").read_text()
+    urls = parse_urls(re.search(r'data-redis-url="([^"]+)"', text).group(1).replace("$PW", "pw"))
+    assert urls == [f"redis://:pw@redis-data-{i}.redis-data:6379/0" for i in range(2)]
+    kv = pytest.importorskip("kubernetes_validate")
+    for key in [("StatefulSet", "redis-data"), ("Service", "redis-data"), ("Job", "rqrl-coordinator"),
+                ("Deployment", "rqrl-collector"), ("Deployment", "rqrl-learner")]:
         kv.validate(objs[key], "1.30.0", strict=True)
 
 

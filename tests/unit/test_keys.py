@@ -25,6 +25,7 @@ EXP = "cartpole_dqn"
     (lambda: keys.stop(EXP), "rqrl:cartpole_dqn:stop"),
     (lambda: keys.run(EXP), "rqrl:cartpole_dqn:run"),
     (lambda: keys.coordinator_alive(EXP), "rqrl:cartpole_dqn:coordinator"),
+    (lambda: keys.write_probe(EXP), "rqrl:cartpole_dqn:write_probe"),
     (lambda: keys.heartbeat(EXP, "learner_task_0123"), "rqrl:cartpole_dqn:task:learner_task_0123:heartbeat"),
     (lambda: keys.buffer_stats(EXP, "buffer_1a2b"), "rqrl:cartpole_dqn:buffer:buffer_1a2b:stats"),
     (lambda: keys.tasks(EXP), "rqrl:cartpole_dqn:tasks"),
@@ -47,7 +48,7 @@ def test_docstring_table_matches_builders():
     built = {
         keys.events("E"), keys.buffer_meta("E", "B"), keys.data("E", "D"), keys.policy("E", "P"),
         keys.ckpt("E", "N"), keys.policy_updates("E", "P"), keys.envstep("E"), keys.commander("E"),
-        keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.heartbeat("E", "T"),
+        keys.stop("E"), keys.run("E"), keys.coordinator_alive("E"), keys.write_probe("E"), keys.heartbeat("E", "T"),
         keys.runs(), keys.buffer_stats("E", "B"), keys.tasks("E"), keys.lease("E", "T"), keys.evals("E"),
         keys.evaluated_policy("E", "T"), keys.learner_group("E", "G"), keys.phases("E"),
         keys.workers_alive("Q"), keys.worker_alive("N"),

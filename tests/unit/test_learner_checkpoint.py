@@ -10,7 +10,8 @@ import torch
 from easydict import EasyDict
 
 from tests.unit.test_prioritized_replay import dqn_batch, make_dqn
-from workers.learner import BaseLearner, CheckpointStore
+from workers.checkpoints import CheckpointStore
+from workers.learner import BaseLearner
 
 
 def _learner(cfg, store, tmp_path, seed):

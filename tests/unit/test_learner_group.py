@@ -71,9 +71,9 @@ def test_the_coordinator_drops_a_lost_ranks_siblings_and_counts_only_rank_0s_fin
     done = {"type": "finished", "task_type": "learner", "buffer_id": new[0]["buffer_id"], "train_iter": 7,
             "consumed_env_steps": 70, "learner_done": True}
     c.router.route(dict(done, task_id=new[1]["task_id"]))
-    assert cm.summary()["learner_tasks_running"] == 1 and c.wrapup.learner_last["train_iter"] == 0
+    assert cm.summary()["learner_tasks_running"] == 1 and c.records.learner_last["train_iter"] == 0
     c.router.route(dict(done, task_id=new[0]["task_id"]))
-    assert cm.summary()["learner_tasks_running"] == 0 and c.wrapup.learner_last["train_iter"] == 7
+    assert cm.summary()["learner_tasks_running"] == 0 and c.records.learner_last["train_iter"] == 7
     c.tb.close()
 
 

@@ -52,3 +52,20 @@ def test_a_claim_of_a_run_another_coordinator_owns_is_refused_naming_it(fake_red
     o = Ownership(fake_redis, EXP, "coordinator-a-1", logging.getLogger("test"))
     with pytest.raises(CoordinatorError, match="owned by coordinator-b-2"):
         o.claim(fresh=True, from_folder=False)
+
+
+def test_clear_run_keys_drops_the_earlier_runs_step_data_and_keeps_the_ownership_key(owned, fake_redis, caplog):
+    from common.step_data import Chunk, StepDataStore
+
+    fake_redis.set(keys.lease(EXP, "collector_task_1"), "1")
+    earlier = StepDataStore(fake_redis, EXP, "buffer_1")
+    earlier.put([Chunk("c_1", b"blob", 4, {"data_id": "c_1"})], keys.lease(EXP, "collector_task_1"),
+                keys.policy(EXP, "policy_1"), ttl_s=600, maxlen=100)
+    other = StepDataStore(fake_redis, "exp/r2", "buffer_1")
+    other.set_consumed_env_steps(7)
+    with caplog.at_level(logging.INFO):
+        owned.clear_run_keys()
+    # the blob, the stream, the stats, the envstep counter, the lease, the run id
+    assert "cleared 6 keys" in caplog.text
+    assert fake_redis.keys(f"{keys.exp_prefix(EXP)}:*") == [owned.key.encode()]
+    assert other.consumed_env_steps() == 7

@@ -253,10 +253,12 @@ def test_learn_converges_to_terminal_reward(small_cfg):
     np.testing.assert_allclose(q.numpy(), 1.0, atol=0.1)
 
 
-def test_learn_is_double_dqn(small_cfg):
-    """Target = r + g^k Q_target(s', argmax_a Q_online(s', a)): online and target nets made to differ
-    first, so vanilla DQN (max_a Q_target) and a target-only argmax give other numbers."""
-    p = make_policy(small_cfg, target_update_freq=10**6, learning_rate=1e-2)
+@pytest.mark.parametrize("double", [True, False])
+def test_learn_is_double_dqn_unless_double_is_off(small_cfg, double):
+    """Target = r + g^k Q_target(s', argmax_a Q_online(s', a)) (``policy.learn.double``, the default),
+    else r + g^k max_a Q_target(s', a): online and target nets made to differ first, so the two
+    targets give other numbers."""
+    p = make_policy(small_cfg, target_update_freq=10**6, learning_rate=1e-2, double=double)
     for i in range(30):  # train the online net away from the (frozen) target net
         p.learn(fixed_batch(seed=10 + i))
     batch = fixed_batch(seed=99)
@@ -266,11 +268,18 @@ def test_learn_is_double_dqn(small_cfg):
         q_online = p.model(nxt).numpy().astype(np.float64)
         q_target = p.target_model(nxt).numpy().astype(np.float64)
     rows = np.arange(len(q_online))
-    double = batch["reward"] + batch["discount"] * q_target[rows, q_online.argmax(1)]
-    vanilla = batch["reward"] + batch["discount"] * q_target.max(1)
-    assert abs(double.mean() - vanilla.mean()) > 1e-3  # the nets differ where it matters
+    double_target = batch["reward"] + batch["discount"] * q_target[rows, q_online.argmax(1)]
+    max_target = batch["reward"] + batch["discount"] * q_target.max(1)
+    assert abs(double_target.mean() - max_target.mean()) > 1e-3  # the nets differ where it matters
     out = p.learn(batch)
-    assert out["target_q_value"] == pytest.approx(float(double.mean()), rel=1e-5)
+    expected = double_target if double else max_target
+    assert out["target_q_value"] == pytest.approx(float(expected.mean()), rel=1e-5)
+
+
+def test_double_is_on_by_default_and_a_non_bool_is_refused_by_its_key(small_cfg):
+    assert make_policy(small_cfg).cfg.policy.learn.double is True
+    with pytest.raises(ValueError, match=r"'policy.learn.double' must be True or False, got 'no'"):
+        make_policy(small_cfg, double="no")
 
 
 def _params_equal(a, b):

@@ -7,6 +7,7 @@ env takes). A preset whose env needs an extra that is not installed is skipped, 
 from __future__ import annotations
 
 import importlib.util
+import re
 import runpy
 import subprocess
 import sys
@@ -19,12 +20,8 @@ from common.config import load_config
 from common.policy import algorithm_of, create_policy
 from tests.conftest import REPO
 
-# The module each extra brings (the box2d extra: Box2D; the others are named as their extra).
-_EXTRA_MODULE = {"box2d": "Box2D", "atari": "ale_py", "mujoco": "mujoco", "minatar": "minatar"}
-
-
 def _skip_without_extra(preset: presets.Preset) -> None:
-    if preset.extra and importlib.util.find_spec(_EXTRA_MODULE[preset.extra]) is None:
+    if preset.missing_extra:
         pytest.skip(f"{preset.env_id} needs the {preset.extra} extra (pip install -e \".[{preset.extra}]\")")
 
 
@@ -67,6 +64,31 @@ def test_the_table_has_one_preset_per_env_and_algorithm_and_every_file_exists():
     assert len({p.env_id for p in presets.PRESETS if p.family == "MuJoCo"}) >= 2
 
 
+def test_the_listing_names_an_extra_only_where_it_is_missing(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "Box2D" else real(name, *a))
+    lines = {ln.split()[0]: ln for ln in presets.listing().splitlines()}
+    assert 'needs the box2d extra: pip install -e ".[box2d]"' in lines["LunarLander-v3"]
+    assert "needs" not in lines["CartPole-v1"]
+    if importlib.util.find_spec("ale_py") is not None:
+        assert "needs" not in lines["ALE/Pong-v5"]
+
+
+def test_the_listing_says_what_ends_each_presets_run_as_the_readme_table_does():
+    """`rqrl presets` shows each preset's stop value and budget, from its config file; the README's
+    presets table (| env | algo | config | stop value | budget | ...) says the same."""
+    assert presets.goal(presets.find("Acrobot-v1")) == "stop -100, 100k env steps"
+    assert presets.goal(presets.find("CartPole-v1")) == "stop 195, 300 s"
+    readme = (REPO / "README.md").read_text()
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^\| ([A-Za-z/0-9-]+-v\d) \| [^|]+ \| [^|]+ \| (-?\d+) \| ([^|]+) \|", readme, re.M)}
+    listed = {ln.split()[0]: ln for ln in presets.listing().splitlines()}
+    assert set(rows) == {p.env_id for p in presets.PRESETS}
+    for env_id, (stop, budget) in rows.items():
+        budget = "no budget" if budget.strip() == "none" else budget.strip()
+        assert f"stop {stop}, {budget}" in listed[env_id], (env_id, listed[env_id])
+
+
 def test_find_takes_the_envs_first_preset_without_algo_and_the_named_one_with_it():
     assert presets.find("CartPole-v1").config == "cartpole_dqn.py"
     assert presets.find("CartPole-v1", "ppo").config == "cartpole_ppo.py"
@@ -80,7 +102,15 @@ def test_no_preset_is_one_error_listing_the_presets_with_the_closest_id():
     text = str(e.value)
     assert "did you mean 'CartPole-v1'?" in text
     assert all(p.env_id in text for p in presets.PRESETS)
-    assert "--set env.env_id=Cartpole-v1" in text
+    # Cartpole-v1 is no gymnasium id either: the config-file route is not suggested with it.
+    assert "--set env.env_id=Cartpole-v1" not in text and "not with 'Cartpole-v1': " in text
+    with pytest.raises(presets.NoPreset) as e:
+        presets.find("Pong-v5")
+    assert "did you mean 'ALE/Pong-v5'?" in str(e.value) and "env.env_id=Pong-v5" not in str(e.value)
+    with pytest.raises(presets.NoPreset, match=r"--set env.env_id=Blackjack-v1 "):
+        presets.find("Blackjack-v1")  # a registered env without a preset: the config-file route
+    with pytest.raises(presets.NoPreset, match=r"not with 'Acrobot-v0': .*Acrobot-v1"):
+        presets.find("Acrobot-v0")  # gymnasium's own word on a retired version
     with pytest.raises(presets.NoPreset, match=r"no 'sac' preset for --env 'Acrobot-v1' \(it has: dqn\)"):
         presets.find("Acrobot-v1", "sac")
 

@@ -122,7 +122,7 @@ def test_a_confirmation_eval_that_finished_no_episode_does_not_converge(small_cf
 def _route(c, ev):
     c.router.route(ev)
     c._persist(c.conn.pipeline(transaction=True)).execute()
-    c.wrapup.export_best()
+    c.exports.export_best()
 
 
 def test_the_coordinator_records_a_phantom_eval_with_episodes_0_and_no_reward(tmp_path, fake_redis, small_cfg, capsys):
@@ -341,7 +341,7 @@ def test_the_progress_clock_and_counters_start_where_the_run_is(small_cfg, tmp_p
     assert 129.0 <= float(line.split(" / 195 | ", 1)[1].split()[0]) <= 140.0  # 100 s before + 30 s since the launch
     c = Coordinator(_cfg(small_cfg), fakeredis_conn(), tmp_path, run_name="clock", started_at=launch)
     try:
-        assert 29.0 <= c.wrapup.write_summary()["wall_seconds"] <= 40.0
+        assert 29.0 <= c._write_summary()["wall_seconds"] <= 40.0
     finally:
         c.tb.close()
 
@@ -475,7 +475,7 @@ def test_the_progress_line_gives_rates_and_the_time_left_of_the_budget_that_bind
     assert Progress(195.0).tail().endswith("no budget: runs to stop_value")
     # The closing line: summary.json's figures and the run's average rates.
     p.from_summary({"envstep": 3000, "train_iter": 1200, "wall_seconds": 40.0, "last_eval_reward_mean": 150.0})
-    assert p.line().endswith("|   40.0 s | avg 75 env steps/s, 30.0 train iter/s")
+    assert p.line().endswith("|   40.0 s | return      - | avg 75 env steps/s, 30.0 train iter/s")
 
 
 def test_a_converged_run_exports_the_weights_its_eval_played_not_the_learners_latest(tmp_path, fake_redis, small_cfg):

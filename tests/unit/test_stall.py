@@ -1,8 +1,14 @@
-"""coordinator.stall.StallGuard: a late liveness read is distrusted, with a grace period after it."""
+"""coordinator.stall.StallGuard: a late liveness read is distrusted, with a grace period after it;
+coordinator.write_pause: neither is one made while Redis holds or refuses writes."""
 
 from __future__ import annotations
 
+import logging
+
+from common import keys
+from coordinator.liveness import Liveness
 from coordinator.stall import StallGuard
+from coordinator.write_pause import WriteProbe
 
 
 def test_a_read_later_than_one_beat_period_starts_a_grace_period():
@@ -23,3 +29,69 @@ def test_a_read_later_than_one_beat_period_starts_a_grace_period():
     g.grace(3.0)  # e.g. after a Sentinel failover
     now[0] += 1.0
     assert not g.read_done()
+
+
+def _liveness(fake_redis, tasks: list[str], probe, now: list[float]) -> Liveness:
+    snapshot = [(t, {"started": True}) for t in tasks]
+    return Liveness(fake_redis, "wp/r1", 3.0, lambda: snapshot, logging.getLogger("test_write_pause"),
+                    probe=probe, clock=lambda: now[0])
+
+
+def test_heartbeats_missed_while_writes_are_held_are_no_deaths(fake_redis, caplog):
+    """A write pause (CLIENT PAUSE WRITE: reads on time, so no stall) of 8 s, heartbeat timeout 3 s:
+    no task is declared dead while it lasts nor for 3 s after; the task that died in it is then."""
+    now, held = [100.0], [None]
+    live = _liveness(fake_redis, ["alive", "died"], lambda: held[0], now)
+    beat = {t: keys.heartbeat("wp/r1", t) for t in ("alive", "died")}
+    fake_redis.mset({k: "w" for k in beat.values()})
+    caplog.set_level(logging.WARNING, logger="test_write_pause")
+    assert live.find_dead() == []
+    held[0] = "no reply within 0.5 s"
+    fake_redis.delete(*beat.values())  # expired: nobody could write them
+    for _ in range(8):
+        now[0] += 1.0
+        assert live.find_dead() == []
+    assert caplog.text.count("Redis takes no writes (a write probe: no reply within 0.5 s)") == 1
+    held[0] = None  # writes resume; the live task's held beat lands
+    fake_redis.set(beat["alive"], "w")
+    verdicts = []
+    for _ in range(4):
+        now[0] += 1.0
+        verdicts.append(live.find_dead())
+    assert verdicts[:3] == [[]] * 3, verdicts  # one heartbeat timeout (3 s) after the pause
+    assert [t for t, _ in verdicts[3]] == ["died"] and "heartbeat lost" in verdicts[3][0][1]
+    assert caplog.text.count("Redis paused writes (CLIENT PAUSE / failover) for 8.0 s: heartbeats missed during "
+                             "it are not deaths") == 1
+
+
+def test_refused_writes_are_named_and_a_stall_is_left_to_the_stall_guard(fake_redis, caplog):
+    now, held = [100.0], ["ReadOnlyError: You can't write against a read only replica."]
+    live = _liveness(fake_redis, ["t"], lambda: held[0], now)
+    caplog.set_level(logging.WARNING, logger="test_write_pause")
+    assert live.find_dead() == []  # no heartbeat, but writes are refused: a failover
+    now[0] += 1.0
+    held[0] = None
+    assert live.find_dead() == []
+    assert "Redis refused writes (ReadOnlyError: You can't write against a read only replica.) for 1.0 s" \
+        in caplog.text
+    for _ in range(2):  # one heartbeat timeout (3 s) to beat again
+        now[0] += 1.0
+        assert live.find_dead() == []
+    now[0] += 1.0
+    assert [t for t, _ in live.find_dead()] == ["t"]
+    # Reads late as well: a stall of the whole server, which the stall guard names.
+    held[0] = "no reply within 0.5 s"
+    now[0] += 6.0
+    assert live.find_dead() == []
+    held[0] = None
+    now[0] += 1.0
+    assert live.find_dead() == []
+    assert "heartbeat checks paused" in caplog.text and "reads waited too: a stall" in caplog.text
+    assert "Redis paused writes" not in caplog.text
+
+
+def test_the_write_probe_sets_its_key(fake_redis):
+    probe = WriteProbe(fake_redis, keys.write_probe("wp/r1"), wait_s=0.5, ttl_s=3.0)
+    assert probe() is None
+    assert fake_redis.get(keys.write_probe("wp/r1")) == b"1" and 0 < fake_redis.pttl(keys.write_probe("wp/r1")) <= 3000
+    probe.close()

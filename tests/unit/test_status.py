@@ -82,6 +82,18 @@ def test_render_fits_80_columns_and_shows_the_figures(fake_redis):
     assert "collector_task_1" in text
 
 
+def test_render_shows_the_policy_lag_and_a_queueing_sources_lag_when_trained_on(fake_redis):
+    _seed(fake_redis)
+    fake_redis.xadd(keys.events(RUN), streams.encode_fields({
+        "type": "learner_info", "task_id": "learner_task_1", "task_type": "learner", "ts": time.time(),
+        "train_iter": 2001, "consumed_env_steps": 10005, "policy_lag_mean": 0.75, "policy_lag_p50": 0.0,
+        "policy_lag_p95": 1.0, "policy_lag_max": 2.0, "stale_chunks": 123456, "data_lag_mean": 1.25}))
+    text = render(collect_status(fake_redis))
+    assert "policy lag (train iters) mean 0.75  p50 0  p95 1  max 2\n  stale chunks dropped 123456" in text
+    assert "data lag when trained on (train iters) mean 1.25" in text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+
+
 def test_status_of_an_empty_redis(fake_redis):
     text = render(collect_status(fake_redis))
     assert "no runs in this Redis" in text

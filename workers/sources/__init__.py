@@ -15,8 +15,9 @@ A source class subclasses :class:`DataSource`, takes :func:`create_source`'s arg
 its rows in ``self.store`` (``check(chunk, what) -> rows`` and ``extend(chunk, version)``, as
 workers/replay_buffer.py's buffers) and implements ``_ready(envstep)`` and ``_take()``:
 
-    replay     workers/sources/replay.py     uniform replay buffer + replay-ratio limiter
-    on_policy  workers/sources/on_policy.py  rows of the current policy version only
+    replay        workers/sources/replay.py        uniform replay buffer + replay-ratio limiter
+    on_policy     workers/sources/on_policy.py     rows of the current policy version only
+    consume_once  workers/sources/consume_once.py  every row once, oldest first
 """
 
 from __future__ import annotations

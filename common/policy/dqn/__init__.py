@@ -1,4 +1,4 @@
-"""Double DQN with n-step returns: defaults and the epsilon schedule (no torch; see policy.py for the math)."""
+"""DQN (double by default) with n-step returns: defaults and the epsilon schedule (no torch; see policy.py for the math)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ CONFIG: dict[str, Any] = dict(
     nstep=3,
     discount_factor=0.97,
     model=dict(hidden_size_list=[128, 128], dueling=True),
-    learn=dict(batch_size=64, learning_rate=1e-3, target_update_freq=100, huber_delta=1.0, grad_clip_norm=10.0),
+    # double: double DQN's target (van Hasselt et al. 2016); False takes the target network's max
+    # (Nature DQN, SB3), for side-by-side runs with the plain target.
+    learn=dict(batch_size=64, learning_rate=1e-3, target_update_freq=100, huber_delta=1.0, grad_clip_norm=10.0,
+               double=True),
     other=dict(eps=dict(type="exp", start=0.95, end=0.1, decay=10000)),
     # Evals act epsilon-greedy with this epsilon (0.05 as Nature DQN's evaluation and CleanRL's
     # dqn evaluate): a greedy policy stuck in a state it never leaves would play until the cut-off.

@@ -9,11 +9,14 @@ Chunk rows (``B`` rows, ``*O`` the stored observation shape, see common/spaces.p
     done      bool    (B,)     an episode *terminated* within those k steps (truncation is not terminal)
     discount  float32 (B,)     g^k, the bootstrap discount (k <= nstep is shorter at episode ends)
 
-Learn step (van Hasselt et al. 2016, double DQN)::
+Learn step (van Hasselt et al. 2016, double DQN; ``policy.learn.double``, True by default)::
 
     a*     = argmax_a Q_online(next_obs, a)
     target = reward + discount * (1 - done) * Q_target(next_obs, a*)
     loss   = Huber(Q_online(obs, action), target)
+
+With ``double=False`` the target takes the target network's own max, as Nature DQN (Mnih et al.
+2015) and SB3's DQN do: ``target = reward + discount * (1 - done) * max_a Q_target(next_obs, a)``.
 
 The target network is copied from the online one every ``target_update_freq`` train iterations.
 With prioritized replay the batch carries importance-sampling weights (field ``weight``) that
@@ -85,6 +88,9 @@ class DQNPolicy(Policy):
         if "learn" in self.modes:
             self.target_model = nets.frozen_copy(self.model)
             self.optimizer = nets.adam(self.model.parameters(), p.learn.learning_rate)
+            if not isinstance(p.learn.double, bool):
+                raise ValueError(f"config key 'policy.learn.double' must be True or False, got {p.learn.double!r}")
+            self._double = p.learn.double
             self._updates = 0
 
     def schema(self) -> Schema:
@@ -95,25 +101,30 @@ class DQNPolicy(Policy):
 
     # ------------------------------------------------------------------ learn
     def learn(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        """One double-DQN step; with a ``weight`` field (prioritized replay) the Huber loss is
+        """One DQN step (double DQN's target unless ``policy.learn.double`` is False); with a ``weight`` field (prioritized replay) the Huber loss is
         importance-weighted per row and ``priority`` (float32 (B,), |TD error|) is returned too."""
         dev, lc = self.device, self.cfg.policy.learn
         obs = nets.obs_tensor(self.spec, batch["obs"], dev)
         next_obs = nets.obs_tensor(self.spec, batch["next_obs"], dev)
-        action = torch.as_tensor(batch["action"], dtype=torch.int64, device=dev)
-        reward = torch.as_tensor(batch["reward"], dtype=torch.float32, device=dev)
-        not_done = 1.0 - torch.as_tensor(batch["done"], dtype=torch.float32, device=dev)
-        discount = torch.as_tensor(batch["discount"], dtype=torch.float32, device=dev)
+        action = nets.to_device(batch["action"], dev, torch.int64)
+        reward = nets.to_device(batch["reward"], dev, torch.float32)
+        not_done = 1.0 - nets.to_device(batch["done"], dev, torch.float32)
+        discount = nets.to_device(batch["discount"], dev, torch.float32)
 
-        # One online forward over obs and next_obs together (half the op dispatches on small nets).
-        q_all = self.model(torch.cat([obs, next_obs]))
-        q = q_all[: len(obs)].gather(1, action.unsqueeze(1)).squeeze(1)
-        with torch.no_grad():
-            best_next = q_all[len(obs):].argmax(dim=1, keepdim=True)
-            next_q = self.target_model(next_obs).gather(1, best_next).squeeze(1)
-            target = reward + discount * not_done * next_q
+        if self._double:
+            # One online forward over obs and next_obs together (half the op dispatches on small nets).
+            q_all = self.model(torch.cat([obs, next_obs]))
+            q = q_all[: len(obs)].gather(1, action.unsqueeze(1)).squeeze(1)
+            with torch.no_grad():
+                best_next = q_all[len(obs):].argmax(dim=1, keepdim=True)
+                next_q = self.target_model(next_obs).gather(1, best_next).squeeze(1)
+        else:
+            q = self.model(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+            with torch.no_grad():
+                next_q = self.target_model(next_obs).max(dim=1).values
+        target = reward + discount * not_done * next_q
         if "weight" in batch:  # prioritized replay: importance-sampling weights per row
-            w = torch.as_tensor(batch["weight"], dtype=torch.float32, device=dev)
+            w = nets.to_device(batch["weight"], dev, torch.float32)
             loss = (w * F.smooth_l1_loss(q, target, beta=lc.huber_delta, reduction="none")).mean()
         else:
             loss = F.smooth_l1_loss(q, target, beta=lc.huber_delta)

@@ -171,12 +171,12 @@ class PPOPolicy(Policy):
         lc, dev = self.cfg.policy.learn, self.device
         image = self.spec.obs_kind == "image"
         # Images stay uint8 on the device (a quarter of float32) and are scaled per minibatch.
-        x = torch.as_tensor(batch["obs"], device=dev) if image else self._x(batch["obs"])
-        action = torch.as_tensor(batch["action"], device=dev)
-        old_logp = torch.as_tensor(batch["logp"], dtype=torch.float32, device=dev)
-        old_v = torch.as_tensor(batch["value"], dtype=torch.float32, device=dev)
-        adv_all = torch.as_tensor(batch["adv"], dtype=torch.float32, device=dev)
-        ret = torch.as_tensor(batch["ret"], dtype=torch.float32, device=dev)
+        x = nets.to_device(batch["obs"], dev) if image else self._x(batch["obs"])
+        action = nets.to_device(batch["action"], dev)
+        old_logp = nets.to_device(batch["logp"], dev, torch.float32)
+        old_v = nets.to_device(batch["value"], dev, torch.float32)
+        adv_all = nets.to_device(batch["adv"], dev, torch.float32)
+        ret = nets.to_device(batch["ret"], dev, torch.float32)
         n, eps = len(x), float(lc.clip_ratio)
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "total_loss")}
         for _ in range(int(lc.epoch_per_collect)):

@@ -156,10 +156,10 @@ class SACPolicy(Policy):
         dev, lc = self.device, self.cfg.policy.learn
         obs = nets.obs_tensor(self.spec, batch["obs"], dev)
         next_obs = nets.obs_tensor(self.spec, batch["next_obs"], dev)
-        action = torch.as_tensor(batch["action"], dtype=torch.float32, device=dev)
-        reward = torch.as_tensor(batch["reward"], dtype=torch.float32, device=dev)
-        not_done = 1.0 - torch.as_tensor(batch["done"], dtype=torch.float32, device=dev)
-        discount = torch.as_tensor(batch["discount"], dtype=torch.float32, device=dev)
+        action = nets.to_device(batch["action"], dev, torch.float32)
+        reward = nets.to_device(batch["reward"], dev, torch.float32)
+        not_done = 1.0 - nets.to_device(batch["done"], dev, torch.float32)
+        discount = nets.to_device(batch["discount"], dev, torch.float32)
         alpha = self.log_alpha.exp().detach()
 
         with torch.no_grad():
@@ -168,7 +168,7 @@ class SACPolicy(Policy):
             y = reward + discount * not_done * (next_q - alpha * next_logp)
         q1, q2 = self.q1(obs, action), self.q2(obs, action)
         td = (q1 - y) ** 2 + (q2 - y) ** 2
-        w = torch.as_tensor(batch["weight"], dtype=torch.float32, device=dev) if "weight" in batch else None
+        w = nets.to_device(batch["weight"], dev, torch.float32) if "weight" in batch else None
         q_loss = (w * td).mean() if w is not None else td.mean()
         self.q_optimizer.zero_grad(set_to_none=True)
         q_loss.backward()
