@@ -14,6 +14,13 @@ A Sentinel client asks the sentinels for the current primary on every new connec
 (redis-py's :class:`redis.sentinel.Sentinel`), so after a failover its retries reach the new
 primary; :func:`primary_changes` tells a process that this happened. ACL users and passwords
 come from the URL, or from the ``RQRL_REDIS_URL`` environment variable when no URL is given.
+
+Step data (and step data only: common/data_shards.py) may also go to a Redis Cluster::
+
+    redis+cluster://[[user]:password@]host:port[/0][?shards=N]    rediss+cluster://... (TLS)
+
+naming any one node (redis-py's :class:`redis.cluster.RedisCluster` finds the rest from it);
+``shards`` is how many data shards the cluster holds (:func:`cluster_shard_count`).
 """
 
 from __future__ import annotations
@@ -27,12 +34,16 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 import redis.sentinel
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 ENV_URL = "RQRL_REDIS_URL"
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+# Data shards a cluster URL holds without ?shards=: each is one hash slot (common/keys.py
+# slot_tag), so this many spread a run's step data over up to this many primaries.
+DEFAULT_CLUSTER_SHARDS = 4
 SENTINEL_PORT = 26379
 T = TypeVar("T")
 
@@ -248,6 +259,69 @@ def connect(url: str | None = None, *, socket_timeout: float | None = 60.0) -> r
             parsed (the message has the URL redacted).
     """
     return _client(resolve_url(url), socket_timeout, 10.0, _retry(), list(_RETRY_ON))
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def _cluster_parts(url: str) -> tuple[str, int]:
+    """(redis-py's node URL, the shard count) of cluster URL ``url``.
+
+    Raises:
+        ValueError: not a cluster URL, ``shards`` not a positive integer, or a database other than
+            0 (a cluster has only database 0); the URL redacted.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in CLUSTER_SCHEMES:
+        raise ValueError(f"redis url {redact(url)!r} is not a Redis Cluster URL (redis+cluster://, rediss+cluster://)")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    raw = [v for k, v in query if k == "shards"]
+    try:
+        shards = int(raw[-1]) if raw else DEFAULT_CLUSTER_SHARDS
+    except ValueError:
+        shards = 0
+    if shards < 1:
+        raise ValueError(f"redis url {redact(url)!r}: shards={raw[-1]!r} must be a positive integer")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"redis url {redact(url)!r}: a Redis Cluster has database 0 only")
+    rest = urlencode([(k, v) for k, v in query if k != "shards"])
+    node = parts._replace(scheme=parts.scheme.split("+")[0], path="", query=rest).geturl()
+    return node, shards
+
+
+def cluster_shard_count(url: str) -> int:
+    """How many data shards cluster URL ``url`` holds: its ``shards`` query argument, else
+    :data:`DEFAULT_CLUSTER_SHARDS`.
+
+    Raises:
+        ValueError: as :func:`connect_cluster` (the URL redacted).
+    """
+    return _cluster_parts(url)[1]
+
+
+def connect_cluster(url: str, *, socket_timeout: float = 60.0, retries: bool = True) -> Any:
+    """A :class:`redis.cluster.RedisCluster` client (bytes replies) for cluster URL ``url``: it reads
+    the slot map from the named node and routes each command to the primary of its key's slot,
+    following MOVED replies after a resharding or failover. With ``retries``, rqrl's backoff on
+    connection errors (as :func:`connect`); without, one try (health checks and summaries).
+
+    Raises:
+        ValueError: a bad URL (:func:`cluster_shard_count`).
+        RedisUnavailable: no node answered, or the server is not in cluster mode (the URL redacted).
+    """
+    from redis.cluster import RedisCluster
+
+    node, _ = _cluster_parts(url)
+    retry = _retry() if retries else Retry(NoBackoff(), 0)
+    try:
+        return RedisCluster.from_url(node, decode_responses=False, socket_timeout=socket_timeout,
+                                     socket_connect_timeout=min(10.0, socket_timeout), retry=retry)
+    except ValueError as e:
+        raise ValueError(f"bad redis url {redact(url)}: {scrub(str(e), url)}") from None
+    except redis.RedisError as e:  # RedisClusterException (not a cluster), ConnectionError
+        raise RedisUnavailable(f"Redis Cluster at {redact(url)}: {scrub(str(e), url)}") from None
 
 
 class RQConnection(redis.Redis):

@@ -205,3 +205,91 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _cluster_port() -> int:
+    """A free port for a cluster node: at most 55535, with its bus port (+10000) free too."""
+    for _ in range(200):
+        port = free_port()
+        if port > 55535:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    raise EmbeddedRedisError("no free port pair (port, port + 10000) for a cluster node")
+
+
+class EmbeddedCluster:
+    """A private Redis Cluster: ``primaries`` redis-servers (:class:`EmbeddedRedis`, cluster mode,
+    no replicas) on free loopback ports, the 16384 hash slots split into equal ranges in order, as
+    ``redis-cli --cluster create`` splits them (so rqrl's slot tags, common/keys.py ``slot_tag``,
+    spread over them). Built with CLUSTER MEET and ADDSLOTS, which Redis 6.2 and 7 both have.
+
+    ``url`` is the cluster address rqrl takes for step data: ``redis+cluster://127.0.0.1:{port}/0``
+    (one node; the client finds the rest).
+
+    Raises:
+        EmbeddedRedisError: a server did not start, or the cluster did not reach ``cluster_state:ok``
+            within ``startup_timeout_s`` seconds.
+    """
+
+    def __init__(self, primaries: int = 3, exe: str | None = None, extra_args: list[str] | None = None,
+                 startup_timeout_s: float = 20.0) -> None:
+        self.servers = [EmbeddedRedis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                       "--cluster-node-timeout", "5000", *(extra_args or [])], exe=exe)
+                        for _ in range(primaries)]
+        self.startup_timeout_s = startup_timeout_s
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.servers[0].port}/0"
+
+    def start(self) -> "EmbeddedCluster":
+        from common.keys import CLUSTER_SLOTS
+
+        try:
+            for s in self.servers:
+                s.start(_cluster_port())
+            clients = [redis.Redis(host="127.0.0.1", port=s.port, socket_timeout=5) for s in self.servers]
+            n = len(self.servers)
+            for i, (s, c) in enumerate(zip(self.servers, clients)):
+                if i:
+                    clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", s.port)
+                c.execute_command("CLUSTER", "ADDSLOTS", *range(i * CLUSTER_SLOTS // n, (i + 1) * CLUSTER_SLOTS // n))
+            self._await_ok(clients)
+            for c in clients:
+                c.close()
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def _await_ok(self, clients: list[redis.Redis]) -> None:
+        # Nodes gossip their way to a shared view; no command blocks until they have, so this asks
+        # each node's CLUSTER INFO with a growing pause, up to the deadline.
+        deadline = time.monotonic() + self.startup_timeout_s
+        delay = 0.05
+        while True:
+            infos = [c.execute_command("CLUSTER", "INFO") for c in clients]
+            text = [i.decode() if isinstance(i, bytes) else str(i) for i in infos]
+            if all("cluster_state:ok" in t and f"cluster_known_nodes:{len(clients)}" in t for t in text):
+                return
+            if time.monotonic() > deadline:
+                raise EmbeddedRedisError(f"the cluster of {len(clients)} nodes was not ok within "
+                                         f"{self.startup_timeout_s} s: {text[0][:200]!r}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def stop(self) -> None:
+        """Stop every server (idempotent)."""
+        for s in self.servers:
+            s.stop()
+
+    def __enter__(self) -> "EmbeddedCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -27,6 +27,11 @@ built by hand without ``run_name`` uses ``{exp_name}`` alone)::
     rqrl:workers:{queue}                     set of rqrl worker names on the queue (refreshed: common/worker_presence.py)
     rqrl:worker:{name}:alive                 string with a TTL, refreshed by a live rqrl worker
     rqrl:runs                                set of run namespaces (``{exp_name}/{run_name}``) seen by coordinators
+
+Step data on a Redis Cluster (common/data_shards.py) puts the shard's hash tag
+(:func:`slot_tag`, e.g. ``{shard1.0}``) after the run's namespace, as in
+``rqrl:{exp}:{shard1.0}:data:{data_id}`` and ``rqrl:{exp}:{shard1.0}:buffer:{buffer_id}:meta``,
+so one run's chunks, streams and stats of one shard share a hash slot.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ LEARNER_GROUP = "learner"
 
 
 def _check(name: str, value: str) -> str:
-    if not value or any(c in value for c in ": \t\n*?[]"):
-        raise ValueError(f"{name} {value!r} is not a valid key component (empty, or contains ':', space or glob chars)")
+    # Braces too: the first {...} of a key is its Redis Cluster hash tag (slot_tag), never a name's.
+    if not value or any(c in value for c in ": \t\n*?[]{}"):
+        raise ValueError(f"{name} {value!r} is not a valid key component (empty, or contains ':', space, "
+                         "braces or glob chars)")
     return value
 
 
@@ -111,30 +118,69 @@ def evals(exp: str) -> str:
     return f"{exp_prefix(exp)}:evals"
 
 
-def buffer_meta(exp: str, buffer_id: str) -> str:
-    """Stream of step-data metadata for the replay buffer ``buffer_id``."""
-    return f"{exp_prefix(exp)}:buffer:{_check('buffer_id', buffer_id)}:meta"
+def _step_data_prefix(exp: str, tag: str) -> str:
+    """``rqrl:{exp}``, or ``rqrl:{exp}:{tag}`` for step data on a Redis Cluster (:func:`slot_tag`)."""
+    return f"{exp_prefix(exp)}:{tag}" if tag else exp_prefix(exp)
 
 
-def data(exp: str, data_id: str) -> str:
-    """One msgpack blob of stacked transitions."""
-    return f"{exp_prefix(exp)}:data:{_check('data_id', data_id)}"
+def buffer_meta(exp: str, buffer_id: str, tag: str = "") -> str:
+    """Stream of step-data metadata for the replay buffer ``buffer_id`` (``tag``: :func:`slot_tag`)."""
+    return f"{_step_data_prefix(exp, tag)}:buffer:{_check('buffer_id', buffer_id)}:meta"
 
 
-def data_staged(exp: str, data_id: str) -> str:
+def buffer_stats(exp: str, buffer_id: str, tag: str = "") -> str:
+    """Exactly-once accounting of one buffer's chunks (collectors and learner update it atomically;
+    ``tag``: :func:`slot_tag`)."""
+    return f"{_step_data_prefix(exp, tag)}:buffer:{_check('buffer_id', buffer_id)}:stats"
+
+
+def data(exp: str, data_id: str, tag: str = "") -> str:
+    """One msgpack blob of stacked transitions (``tag``: :func:`slot_tag`)."""
+    return f"{_step_data_prefix(exp, tag)}:data:{_check('data_id', data_id)}"
+
+
+def data_staged(exp: str, data_id: str, tag: str = "") -> str:
     """Where a chunk's blob is written before the chunk script renames it to :func:`data` (lives
     only inside one MULTI/EXEC; matched by :func:`data_pattern`, so a leftover is cleaned with the rest)."""
-    return f"{data(exp, data_id)}:staged"
+    return f"{data(exp, data_id, tag)}:staged"
 
 
-def data_pattern(exp: str) -> str:
-    """SCAN pattern matching every step-data blob of one experiment."""
-    return f"{exp_prefix(exp)}:data:*"
+def data_pattern(exp: str, tag: str = "") -> str:
+    """SCAN pattern matching every step-data blob of one experiment (of one slot tag, where given)."""
+    return f"{_step_data_prefix(exp, tag)}:data:*"
 
 
-def buffers_pattern(exp: str) -> str:
-    """SCAN pattern matching every buffer's metadata stream and stats hash of one experiment."""
-    return f"{exp_prefix(exp)}:buffer:*"
+def buffers_pattern(exp: str, tag: str = "") -> str:
+    """SCAN pattern matching every buffer's metadata stream and stats hash of one experiment (of one
+    slot tag, where given)."""
+    return f"{_step_data_prefix(exp, tag)}:buffer:*"
+
+
+# Redis Cluster's hash slots (CLUSTER KEYSLOT: CRC16 of the key's {hash tag}, mod 16384).
+CLUSTER_SLOTS = 16384
+
+
+def slot_tag(index: int, count: int) -> str:
+    """The hash tag of step-data shard ``index`` of ``count`` on one Redis Cluster: ``{shard2.57}``.
+
+    Every step-data key of one run and shard carries it, so the chunk scripts' keys share one hash
+    slot (a script's keys must, in a cluster); the tags of ``count`` shards fall in ``count`` equal
+    ranges of the 16384 slots, in order, so that on a cluster whose primaries hold equal slot
+    ranges (as ``redis-cli --cluster create`` makes them) the shards spread over the primaries.
+    The same ``(index, count)`` gives the same tag in every process.
+
+    Raises:
+        ValueError: ``index`` is not in ``[0, count)``.
+    """
+    from redis.crc import key_slot
+
+    if not 0 <= index < count:
+        raise ValueError(f"slot tag: shard index {index} is not in [0, {count})")
+    lo, hi = index * CLUSTER_SLOTS // count, (index + 1) * CLUSTER_SLOTS // count
+    k = 0
+    while not lo <= key_slot(f"shard{index}.{k}".encode()) < hi:
+        k += 1
+    return f"{{shard{index}.{k}}}"
 
 
 def policy(exp: str, policy_id: str) -> str:
@@ -219,11 +265,6 @@ def coordinator_alive(exp: str) -> str:
 def write_probe(exp: str) -> str:
     """The key the coordinator writes each liveness pass to learn whether Redis takes writes."""
     return f"{exp_prefix(exp)}:write_probe"
-
-
-def buffer_stats(exp: str, buffer_id: str) -> str:
-    """Exactly-once accounting of one buffer's chunks (collectors and learner update it atomically)."""
-    return f"{exp_prefix(exp)}:buffer:{_check('buffer_id', buffer_id)}:stats"
 
 
 def tasks(exp: str) -> str:

@@ -274,19 +274,21 @@ class StepDataStore:
         control: the control connection when ``conn`` is a data shard on another server (leases,
             env-step counter, policy, stop flag and collect setting live there); None: ``conn`` is it.
         label: the shard's name in errors, e.g. ``data shard 1 (redis://host:6380/0)``, URL redacted.
+        tag: the shard's hash tag when ``conn`` is a Redis Cluster client (common/keys.py
+            ``slot_tag``): every key of the store carries it, so each script's keys share a slot.
 
     Raises:
         ValueError: ``ns`` or ``buffer_id`` is not a valid key component (names it).
     """
 
     def __init__(self, conn: redis.Redis, ns: str, buffer_id: str = "", control: Optional[redis.Redis] = None,
-                 label: str = "") -> None:
-        self.conn, self.ns, self.buffer_id = conn, ns, buffer_id
+                 label: str = "", tag: str = "") -> None:
+        self.conn, self.ns, self.buffer_id, self.tag = conn, ns, buffer_id, tag
         self.control = conn if control is None else control
         self.label = label
         keys.exp_prefix(ns)  # validates ns now, not at the first operation
-        self.meta_key = keys.buffer_meta(ns, buffer_id) if buffer_id else ""
-        self._stats_key = keys.buffer_stats(ns, buffer_id) if buffer_id else ""
+        self.meta_key = keys.buffer_meta(ns, buffer_id, tag) if buffer_id else ""
+        self._stats_key = keys.buffer_stats(ns, buffer_id, tag) if buffer_id else ""
 
     @property
     def sharded(self) -> bool:
@@ -306,7 +308,8 @@ class StepDataStore:
             return
         try:
             yield
-        except (redis.ConnectionError, redis.TimeoutError) as e:
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError,
+                redis.exceptions.RedisClusterException) as e:  # a cluster's: down, no primary for the slot
             raise DataShardError(f"{self.label} failed: {type(e).__name__}: {e}") from e
 
     def _buffer(self) -> None:
@@ -319,7 +322,7 @@ class StepDataStore:
         Raises:
             ValueError: ``data_id`` is not a valid key component (names it).
         """
-        return keys.data(self.ns, data_id)
+        return keys.data(self.ns, data_id, self.tag)
 
     # -- collector ------------------------------------------------------------------------
     def put(self, chunks: Sequence[Chunk], lease_key: str, policy_key: str, ttl_s: int, maxlen: int) -> PutReply:
@@ -344,8 +347,8 @@ class StepDataStore:
             raise ValueError(f"step-data put to {self.meta_key}: no chunks")
         if self.sharded:
             return self._put_on_shard(chunks, lease_key, policy_key, ttl_s, maxlen)
-        slots = [SendKeys(lease_key, keys.data(self.ns, c.data_id), self.meta_key, keys.envstep(self.ns),
-                          self._stats_key, policy_key, keys.stop(self.ns), keys.data_staged(self.ns, c.data_id),
+        slots = [SendKeys(lease_key, keys.data(self.ns, c.data_id, self.tag), self.meta_key, keys.envstep(self.ns),
+                          self._stats_key, policy_key, keys.stop(self.ns), keys.data_staged(self.ns, c.data_id, self.tag),
                           keys.collect_setting(self.ns)) for c in chunks]
         replies = _staged_calls(self.conn, "send_chunk", _SEND_CHUNK, ttl_s, [
             (k.staged, c.payload, k, [int(maxlen), int(c.env_steps)], c.fields) for c, k in zip(chunks, slots)])
@@ -361,8 +364,8 @@ class StepDataStore:
                       maxlen: int) -> PutReply:
         if not self.control.exists(lease_key):
             raise LeaseRevoked(f"lease {lease_key} was revoked; this task was replaced")
-        slots = [WriteKeys(keys.data(self.ns, c.data_id), self.meta_key, self._stats_key,
-                           keys.data_staged(self.ns, c.data_id)) for c in chunks]
+        slots = [WriteKeys(keys.data(self.ns, c.data_id, self.tag), self.meta_key, self._stats_key,
+                           keys.data_staged(self.ns, c.data_id, self.tag)) for c in chunks]
         with self.named():
             new = _staged_calls(self.conn, "write_chunk", _WRITE_CHUNK, ttl_s, [
                 (k.staged, c.payload, k, [int(maxlen), int(c.env_steps), len(c.payload)], c.fields)
@@ -481,7 +484,7 @@ class StepDataStore:
         """Summed over every buffer of the run: ``chunks`` produced and their ``bytes`` (blob bytes,
         counted on data shards only: 0 on the control Redis)."""
         chunks = size = 0
-        for k in self.conn.scan_iter(match=keys.buffers_pattern(self.ns), count=1000):
+        for k in self.conn.scan_iter(match=keys.buffers_pattern(self.ns, self.tag), count=1000):
             if k.endswith(b":stats"):
                 produced, nbytes = self.conn.hmget(k, "produced", "produced_bytes")
                 chunks, size = chunks + int(produced or 0), size + int(nbytes or 0)
@@ -501,7 +504,7 @@ class StepDataStore:
 
     def drop_blobs(self) -> int:
         """Delete every chunk blob of the run (staged ones too); returns how many keys went."""
-        return self._delete_matching(keys.data_pattern(self.ns))
+        return self._delete_matching(keys.data_pattern(self.ns, self.tag))
 
     def drop_stream(self) -> int:
         """Delete the buffer's metadata stream (its unread chunks can no longer be found); returns 0 or 1."""
@@ -511,4 +514,4 @@ class StepDataStore:
     def drop_run(self) -> int:
         """Delete every step-data key of the run: blobs, and every buffer's stream and stats;
         returns how many keys went."""
-        return self.drop_blobs() + self._delete_matching(keys.buffers_pattern(self.ns))
+        return self.drop_blobs() + self._delete_matching(keys.buffers_pattern(self.ns, self.tag))

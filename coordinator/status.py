@@ -59,16 +59,18 @@ def _memory(conn: redis.Redis) -> dict[str, Any]:
 def shard_lines(raw: Any) -> list[str]:
     """A line per data shard of a run's summary field ``data_shards`` (its JSON, written every
     second by the coordinator: common/data_shards.py ``DataShards.totals``): memory used against
-    maxmemory, chunks produced and their rate, the redacted URL; [] for a run without shards."""
+    maxmemory, chunks produced and their rate, the redacted URL (and a cluster shard's hash tag);
+    [] for a run without shards."""
     shards = json.loads(raw) if isinstance(raw, str) else raw
     lines = []
     for i, sh in enumerate(shards or []):
+        where = f" {sh['tag']}" if sh.get("tag") else ""  # a cluster's shard: its hash tag
         if "error" in sh:
-            line = f"  data shard {i} NOT ANSWERING: {sh['error']}  {sh['url']}"
+            line = f"  data shard {i} NOT ANSWERING: {sh['error']}  {sh['url']}{where}"
         else:
             mem = "memory -" if "used_memory" not in sh else (
                 f"{sh['used_memory'] / 2**20:.1f} MB" + (f" / {sh['maxmemory'] / 2**20:.0f} MB" if sh["maxmemory"] else ""))
-            line = f"  data shard {i}  {mem}  chunks {sh['chunks']:,} ({sh.get('chunks_per_s', 0):g}/s)  {sh['url']}"
+            line = f"  data shard {i}  {mem}  chunks {sh['chunks']:,} ({sh.get('chunks_per_s', 0):g}/s)  {sh['url']}{where}"
         lines.append(line if len(line) <= 80 else line[:77] + "...")
     return lines
 

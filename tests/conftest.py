@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import fakeredis
@@ -245,3 +246,21 @@ def run_rqrl(*args: str, cwd, timeout: float = 240) -> "subprocess.CompletedProc
 
     return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=worker_env(""))
+
+
+def wait_for_a_chunk(shard, timeout: float) -> None:
+    """Return once a chunk key is on data shard server ``shard``, woken by its keyspace events, not by polling.
+
+    Raises:
+        AssertionError: none within ``timeout`` seconds.
+    """
+    shard.config_set("notify-keyspace-events", "K$")
+    events = shard.pubsub(ignore_subscribe_messages=True)
+    events.psubscribe("__keyspace@0__:rqrl:*:data:*")
+    try:
+        deadline = time.monotonic() + timeout
+        while not shard.keys("rqrl:*:data:*"):  # checked after subscribing: no write is missed
+            assert time.monotonic() < deadline, "no chunk reached the shard"
+            events.get_message(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+    finally:
+        events.close()

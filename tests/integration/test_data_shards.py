@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -15,7 +14,7 @@ from common import keys
 from common.connection import connect
 from common.embedded_redis import EmbeddedRedis
 from common.step_data import StepDataStore
-from tests.conftest import REPO, run_rqrl, wait_gone, worker_env
+from tests.conftest import REPO, run_rqrl, wait_for_a_chunk, wait_gone, worker_env
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -67,24 +66,6 @@ def test_cartpole_dqn_on_two_data_shards_converges_and_counts_each_chunk_once(tm
           f"chunks per shard {[d['chunks'] for d in per_shard]}")
 
 
-def _wait_for_a_chunk(shard, timeout: float) -> None:
-    """Return once a chunk key is on ``shard``, woken by its keyspace events, not by polling.
-
-    Raises:
-        AssertionError: none within ``timeout`` seconds.
-    """
-    shard.config_set("notify-keyspace-events", "K$")
-    events = shard.pubsub(ignore_subscribe_messages=True)
-    events.psubscribe("__keyspace@0__:rqrl:*:data:*")
-    try:
-        deadline = time.monotonic() + timeout
-        while not shard.keys("rqrl:*:data:*"):  # checked after subscribing: no write is missed
-            assert time.monotonic() < deadline, "no chunk reached the second shard"
-            events.get_message(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
-    finally:
-        events.close()
-
-
 def test_a_data_shard_that_dies_stops_the_run_naming_it(tmp_path, redis_server, shards):
     exp = f"shard_dies_{os.getpid()}"
     env = worker_env("")
@@ -96,7 +77,7 @@ def test_a_data_shard_that_dies_stops_the_run_naming_it(tmp_path, redis_server, 
          "--set", "policy.collect.collector.task_env_steps=200"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for_a_chunk(connect(shards[1].url), 180)
+        wait_for_a_chunk(connect(shards[1].url), 180)
         shards[1].stop()
         out, err = proc.communicate(timeout=300)
     finally:

@@ -10,13 +10,15 @@ step-data store split over a control server and two data shards (fakeredis serve
 
 from __future__ import annotations
 
+import re
+
 import fakeredis
 import pytest
 import redis
 
 from common import blobstore, keys, streams
 from common.data_shards import (DataShardConfigError, DataShards, StoreGroup, parse_urls, pick_shard,
-                                resolve_urls, shard_label, worker_shards)
+                                resolve_urls, shard_count, shard_label, worker_shards)
 from common.messages import CollectorTask, LearnerTask, MessageError
 from common.scripts import LeaseRevoked
 from common.step_data import AckEntry, Chunk, DataShardError, StepDataStore
@@ -144,6 +146,18 @@ def test_urls_are_split_checked_and_resolved_flag_env_config(monkeypatch):
     monkeypatch.setenv("RQRL_DATA_REDIS_URL", "redis://env:1/0")
     assert resolve_urls(None, cfg) == ["redis://env:1/0"]
     assert resolve_urls("redis://flag:1/0", cfg) == ["redis://flag:1/0"]
+
+
+def test_a_cluster_url_counts_as_its_shards_and_a_bad_one_is_named_redacted():
+    urls = parse_urls("redis://a:1/0,redis+cluster://u:pw@c:7000/0?shards=3,rediss+cluster://d:7001")
+    assert shard_count(urls) == 1 + 3 + 4  # ?shards=3, and the default 4
+    assert shard_label(2, urls[1], keys.slot_tag(1, 3)) == "data shard 2 (redis+cluster://u:***@c:7000/0?shards=3 {shard1.0})"
+    for bad, why in (("redis+cluster://u:pw@c:7000/0?shards=0", "shards='0' must be a positive integer"),
+                     ("redis+cluster://u:pw@c:7000/0?shards=x", "shards='x' must be a positive integer"),
+                     ("redis+cluster://u:pw@c:7000/2", "database 0 only")):
+        with pytest.raises(DataShardConfigError, match=re.escape(why)) as e:
+            parse_urls(bad)
+        assert "pw" not in str(e.value) and "u:***@c:7000" in str(e.value)
 
 
 def test_a_worker_with_another_number_of_shards_refuses_the_task(monkeypatch):

@@ -124,3 +124,34 @@ def test_run_namespace_is_the_key_prefix_and_the_run_folder():
     for bad in ("a/b", "a:b", "", "a b"):
         with pytest.raises(ValueError):
             keys.namespace("cartpole_dqn", bad) if bad else keys.namespace("", "r")
+
+
+def test_slot_tags_fall_in_equal_ranges_of_the_slots_in_order_and_are_stable():
+    from redis.crc import key_slot
+
+    for count in (1, 2, 3, 4, 8, 16):
+        tags = [keys.slot_tag(i, count) for i in range(count)]
+        assert tags == [keys.slot_tag(i, count) for i in range(count)]  # the same in every process
+        for i, tag in enumerate(tags):
+            slot = key_slot(keys.data(EXP, "d", tag).encode())
+            assert i * keys.CLUSTER_SLOTS // count <= slot < (i + 1) * keys.CLUSTER_SLOTS // count, (count, i, tag)
+            # every step-data key of the shard shares that slot (its scripts' keys must)
+            for k in (keys.data_staged(EXP, "d2", tag), keys.buffer_meta(EXP, "B", tag), keys.buffer_stats(EXP, "B", tag)):
+                assert key_slot(k.encode()) == slot, k
+    with pytest.raises(ValueError, match=r"shard index 3 is not in \[0, 3\)"):
+        keys.slot_tag(3, 3)
+
+
+def test_a_slot_tag_goes_after_the_namespace_and_scan_patterns_keep_to_it():
+    tag = keys.slot_tag(1, 4)
+    assert keys.data(EXP, "D", tag) == f"rqrl:{EXP}:{tag}:data:D"
+    assert fnmatch.fnmatchcase(keys.data(EXP, "D", tag), keys.data_pattern(EXP, tag))
+    assert not fnmatch.fnmatchcase(keys.data(EXP, "D", keys.slot_tag(2, 4)), keys.data_pattern(EXP, tag))
+    assert fnmatch.fnmatchcase(keys.buffer_meta(EXP, "B", tag), keys.buffers_pattern(EXP, tag))
+    assert fnmatch.fnmatchcase(keys.buffer_meta(EXP, "B", tag), keys.all_keys_pattern(EXP))
+
+
+@pytest.mark.parametrize("bad", ["{tag}", "a{b", "c}"])
+def test_braces_in_a_name_are_refused_they_would_pick_the_hash_slot(bad):
+    with pytest.raises(ValueError, match="braces"):
+        keys.exp_prefix(bad)
