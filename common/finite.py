@@ -71,9 +71,11 @@ def check_train_step(policy: Any, log_vars: Mapping[str, Any], train_iter: int) 
 
     Weights without a gradient are not looked at: a target network is a copy or an average of
     weights checked when they were stepped, and what leaves the learner is checked again
-    (:func:`check_arrays`). The check is one max-|x| over all those tensors (torch's foreach norm:
-    NaN and inf propagate, finite values cannot overflow) and one sync; the offending tensor is
-    searched for only on failure. Per-tensor checks cost ~20 % of a CartPole DQN learner's time.
+    (:func:`check_arrays`). The check is one sum per tensor and one sync: NaN and inf propagate
+    through a sum, so a finite total settles it; a non-finite one (also what finite values give
+    when they overflow float32) is looked at tensor by tensor, which finds the offender or clears
+    the iteration. Sums cost 37-39 µs per CartPole or MountainCar DQN iteration, against 126-391 µs
+    for a foreach max-|x| norm and ~20 % of the learner's time for per-tensor checks.
 
     Raises:
         NonFiniteError: ``train iter N: non-finite loss|gradient|weight NAME (...)``.
@@ -82,7 +84,6 @@ def check_train_step(policy: Any, log_vars: Mapping[str, Any], train_iter: int) 
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
             raise NonFiniteError(f"train iter {train_iter}: non-finite {k} = {v}")
     import torch
-    from torch.nn.utils import get_total_norm
 
     stepped = [(f"{mk}.{pk}", p) for mk, m in policy.modules().items() for pk, p in m.named_parameters()
                if p.grad is not None]
@@ -90,9 +91,12 @@ def check_train_step(policy: Any, log_vars: Mapping[str, Any], train_iter: int) 
     if not tensors:
         return
     with torch.no_grad():
-        if bool(get_total_norm([t for _, _, t in tensors], norm_type=math.inf).isfinite()):
+        if bool(torch.stack([t.sum() for _, _, t in tensors]).sum().isfinite()):
             return
-        kind, name, t = next(x for x in tensors if not bool(x[2].isfinite().all()))  # gradients first
+        found = next((x for x in tensors if not bool(x[2].isfinite().all())), None)  # gradients first
+        if found is None:
+            return  # the sums overflowed: every value is finite
+        kind, name, t = found
         bad = int((~t.detach().isfinite()).sum())
         raise NonFiniteError(f"train iter {train_iter}: non-finite {kind} {name} ({bad} of {t.numel()} values "
                              "are NaN or inf); lower policy.learn.learning_rate or set policy.learn.grad_clip_norm")
