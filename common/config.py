@@ -34,7 +34,11 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
     seed=0,
     # Where step data goes (common/data_shards.py): "" = the control Redis (--redis-url); else
     # "URL[,URL...]", one data shard each (--data-redis-url and $RQRL_DATA_REDIS_URL take precedence).
-    system=dict(data_redis_url=""),
+    system=dict(
+        data_redis_url="",
+        # Same seed, same run: one collector acting in lockstep with the learner (apply_deterministic).
+        deterministic=False,
+    ),
     env=dict(
         env_id="CartPole-v1",
         # gymnasium.make keyword arguments, e.g. dict(max_episode_steps=200)
@@ -310,8 +314,47 @@ def compile_config(main_config: dict, create_config: dict | None = None) -> Easy
     base["policy"] = _merge_defaults(base["policy"], algo.config)
     cfg = merge_strict(base, main_config, "", _OPEN_KEYS)
     cfg["create"] = create
+    apply_deterministic(cfg)
     _validate(cfg)
     return EasyDict(cfg)
+
+
+def apply_deterministic(cfg: dict) -> None:
+    """With ``system.deterministic``, set what makes a run repeat itself for one seed (in place).
+
+    A run is asynchronous by default: collectors act with whatever policy version was published
+    when they last sent a chunk, the learner trains on whatever arrived, evals start when a
+    timer fires. Deterministic mode takes every clock out of that:
+
+    - one collector task at a time, evals in the same slot (``collector_task_space`` 1,
+      ``eval_task_space`` 0; ``rqrl train --deterministic`` starts one collector worker), so
+      training and evals alternate on one worker;
+    - lockstep: the learner publishes every train iteration (``send_policy_freq`` 1) and lets
+      collectors no env step past what it trained on (the replay source's limit, exact there);
+      after each chunk the collector waits for the version that trained on it, and computes its
+      collect setting (epsilon) from the run's env steps itself;
+    - evals on env steps only (``eval_every_env_step``; the train-iteration and wall-time
+      triggers and the eval time share are off; an unset interval evaluates every
+      ``task_env_steps``), counted from finished collector tasks by the commander, which also
+      stops at ``max_env_step`` there; tasks end on env steps (``task_max_seconds`` out of reach).
+
+    Training runs no faster than one process then (nothing overlaps). ``max_wall_seconds`` and a
+    stop by signal still end a run at a moment no seed decides.
+    """
+    if not cfg.get("system", {}).get("deterministic"):
+        return
+    com, pol = cfg["commander"], cfg["policy"]
+    collector = pol["collect"]["collector"]
+    com.update(collector_task_space=1, eval_task_space=0, eval_interval=0.0, eval_max_share=1.0,
+               eval_every_env_step=com["eval_every_env_step"] or collector["task_env_steps"], eval_every_train_iter=0)
+    collector["task_max_seconds"] = 1e9
+    pol["learn"]["learner"]["send_policy_freq"] = 1
+
+
+def is_deterministic(cfg: Any) -> bool:
+    """Whether ``cfg`` (a compiled config, or a task's copy of one) runs in deterministic mode
+    (:func:`apply_deterministic`); False for a config from before the mode existed."""
+    return bool((cfg.get("system") or {}).get("deterministic", False))
 
 
 def _validate(cfg: dict) -> None:
@@ -499,6 +542,7 @@ def apply_overrides(cfg: EasyDict, overrides: list[str]) -> EasyDict:
     plain = {k: v for k, v in to_plain(cfg).items() if k != "create"}
     merged = merge_strict(plain, patch, "", _OPEN_KEYS)
     merged["create"] = to_plain(create) if create is not None else None
+    apply_deterministic(merged)
     _validate(merged)
     return EasyDict(merged)
 

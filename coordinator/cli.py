@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from common import keys, presets, spaces
-from common.config import ConfigError, apply_overrides, load_config
+from common.config import ConfigError, apply_overrides, is_deterministic, load_config
 from common.data_shards import DataShardConfigError, resolve_urls
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
@@ -102,15 +102,32 @@ def _probe(cfg, preset) -> None:
         raise
 
 
+def _collector_workers(asked: int | None, cfg) -> int:
+    """The collector workers ``rqrl train`` starts: ``--collectors`` (default 2); one for a
+    deterministic run, where training and evals take turns on one worker (common/config.py).
+
+    Raises:
+        ConfigError: fewer than one, or more than one for a deterministic run.
+    """
+    if is_deterministic(cfg):
+        if asked not in (None, 1):
+            raise ConfigError(f"--collectors {asked}: a deterministic run has one collector worker")
+        return 1
+    if asked is not None and asked < 1:
+        raise ConfigError("--collectors must be >= 1")
+    return 2 if asked is None else asked
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """``rqrl train``. Everything checkable from the config, the env's spaces and the URL is checked
     before any process, folder, ``latest`` link or Redis key is made (a refusal takes ~1-2 s).
     The run's clock starts here, at the launch."""
     started_at = time.time()
     _pick_config(args)
+    if args.deterministic:
+        args.overrides.append("system.deterministic=True")
     cfg = _load(args.config, args.overrides, args.seed)
-    if args.collectors < 1:
-        raise ConfigError("--collectors must be >= 1")
+    args.collectors = _collector_workers(args.collectors, cfg)
     if args.name is not None:
         try:
             keys.namespace(cfg.exp_name, args.name)
@@ -296,7 +313,10 @@ def _add_train_command(sub: Any, url_help: str) -> None:
                    help="Redis servers for step data (chunks), one data shard each; queues, leases and the run's "
                         "records stay on --redis-url (default: $RQRL_DATA_REDIS_URL, else config "
                         "system.data_redis_url, else none: step data on --redis-url)")
-    t.add_argument("--collectors", type=int, default=2, help="collector workers to start (default 2), plus one kept free for evaluation; "
+    t.add_argument("--deterministic", action="store_true",
+                   help="the same seed gives the same run: one collector worker in lockstep with the learner, "
+                        "evals between collector tasks (as fast as one process; config system.deterministic)")
+    t.add_argument("--collectors", type=int, default=None, help="collector workers to start (default 2), plus one kept free for evaluation; "
                    "the run's collector tasks follow the live workers")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
     t.add_argument("--name", default=None,

@@ -45,7 +45,7 @@ from typing import Any, Optional
 from easydict import EasyDict
 
 from common import events, keys
-from common.config import to_plain
+from common.config import is_deterministic, to_plain
 from common.messages import CollectorTask, LearnerTask
 from common.policy import algorithm_of
 from common.seeding import task_seed
@@ -248,6 +248,25 @@ class LearnerReports:
             self._reports.extend(dict(r) for r in state)
 
 
+def report_task(logger: Any, tb_logger: Any, kind: str, task_id: str, finished_task: dict, train_iter: int,
+                env_steps: int, envstep: int) -> None:
+    """Log a finished task's figures; write them to TensorBoard as ``{kind}_iter/*`` (against
+    ``train_iter``) and ``{kind}_step/*`` (against the run's ``envstep``), as the seed's commander."""
+    figures = {name: events.episode_figure(finished_task, name) for name in events.EPISODE_FIELDS}
+    figures["avg_time_per_step"] = events.figure(finished_task, "avg_time_per_step")
+    info = {"train_iter": train_iter, "episode_count": int(finished_task.get("real_episode_count") or 0),
+            "env_steps": env_steps, **{k: v for k, v in figures.items() if v is not None}}
+    # Evals at INFO; a line per training task (thousands a minute with many collectors) at DEBUG.
+    level = logging.INFO if kind == "evaluator" else logging.DEBUG
+    if logger is not None and logger.isEnabledFor(level):
+        logger.log(level, "[%s] %s ends: %s", kind.upper(), task_id, ", ".join(f"{k}={v}" for k, v in info.items()))
+    if tb_logger is not None:
+        for k, v in info.items():
+            if k != "train_iter":
+                tb_logger.add_scalar(f"{kind}_iter/{k}", v, train_iter)
+                tb_logger.add_scalar(f"{kind}_step/{k}", v, envstep)
+
+
 @dataclass
 class SoloState(WireState):
     """The solo commander's state: its parts' fields and its own, each one key of ``state_dict()``
@@ -303,6 +322,7 @@ class SoloCommander(BaseCommander):
         self._learner_num = int(cfg.policy.learn.get("learner_num", 1))
         self._pending_ranks: list[dict] = []
         self._task_config = to_plain(cfg)  # every task carries it; built once, never mutated
+        self._deterministic = is_deterministic(cfg)
 
     def _new_state(self, run_id: str) -> SoloState:
         # Until the coordinator reports the live collector workers (follow_collector_workers):
@@ -315,7 +335,10 @@ class SoloCommander(BaseCommander):
     # ------------------------------------------------------------------ task creation
     @property
     def total_envstep(self) -> int:
-        """Env steps collected so far: finished collector tasks, or the learner's live count if larger."""
+        """Env steps collected so far: finished collector tasks, or the learner's live count if larger
+        (deterministic mode: finished tasks only, so evals and the budget fall between tasks)."""
+        if self._deterministic:
+            return self._state.total_collector_env_step
         return max(self._state.total_collector_env_step, events.consumed_env_steps(self._state.learner_info.latest))
 
     @property
@@ -346,6 +369,8 @@ class SoloCommander(BaseCommander):
         eval_flag = self._judge.due(now, self.train_iter, self.total_envstep, self._spaces.eval_in_flight is not None)
         if not eval_flag and self._judge.closing is not None:
             return None  # the run is closing: its closing eval, no more training tasks
+        if not eval_flag and self._deterministic and 0 < self._commander_cfg.max_env_step <= self.total_envstep:
+            return None  # deterministic: the task that reached the budget was the last
         task_id = new_task_id("collector")
         if not self._spaces.take_collector(task_id, eval_flag, eval_flag and self._commander_cfg.eval_task_space > 0):
             return None
@@ -407,29 +432,13 @@ class SoloCommander(BaseCommander):
         env_steps = int(finished_task["env_steps"] if "env_steps" in finished_task else finished_task["step_count"])
         if not is_eval:
             self._state.total_collector_env_step += env_steps
-        self._report("evaluator" if is_eval else "collector", task_id, finished_task, train_iter, env_steps)
+        report_task(self._logger, self._tb_logger, "evaluator" if is_eval else "collector", task_id, finished_task,
+                    train_iter, env_steps, self.total_envstep)
         if not is_eval:
             return False
         converged = self._judge.judge(task_id, finished_task, train_iter, self.total_envstep, self._clock())
         self._state.end_flag = self._state.end_flag or converged
         return converged
-
-    def _report(self, kind: str, task_id: str, finished_task: dict, train_iter: int, env_steps: int) -> None:
-        """Log a finished task's figures; write them to TensorBoard as ``{kind}_iter/*`` and ``{kind}_step/*``."""
-        figures = {name: events.episode_figure(finished_task, name) for name in events.EPISODE_FIELDS}
-        figures["avg_time_per_step"] = events.figure(finished_task, "avg_time_per_step")
-        info = {"train_iter": train_iter, "episode_count": int(finished_task.get("real_episode_count") or 0),
-                "env_steps": env_steps, **{k: v for k, v in figures.items() if v is not None}}
-        # Evals at INFO; a line per training task (thousands a minute with many collectors) at DEBUG.
-        level = logging.INFO if kind == "evaluator" else logging.DEBUG
-        if self._logger is not None and self._logger.isEnabledFor(level):
-            self._logger.log(level, "[%s] %s ends: %s", kind.upper(), task_id,
-                             ", ".join(f"{k}={v}" for k, v in info.items()))
-        if self._tb_logger is not None:
-            for k, v in info.items():
-                if k != "train_iter":
-                    self._tb_logger.add_scalar(f"{kind}_iter/{k}", v, train_iter)
-                    self._tb_logger.add_scalar(f"{kind}_step/{k}", v, self.total_envstep)
 
     def finish_learner_task(self, task_id: str, finished_task: dict) -> str:
         """Release learner space and reset the run's ids and history (as the seed); returns buffer_id."""

@@ -32,6 +32,7 @@ import torch
 from easydict import EasyDict
 
 from common import chunk_codec, events, frames, keys, spaces
+from common.config import is_deterministic
 from common.messages import ChunkMeta
 from common.policy import Algorithm, algorithm_of, create_policy, export
 from common.seeding import env_seeds
@@ -156,6 +157,7 @@ class Collector:
         self._rng = np.random.default_rng(int(task.get("seed", 0)))
         self._env, self._spec, self._policy = live.env, live.spec, live.policy
         self._source = get_source(self._algorithm.data_source)  # what to do with rows and after a chunk
+        self._deterministic = is_deterministic(cfg)
         # Image fields travel as distinct frames (common/frames.py), compressed per the config.
         self._framed = frames.framed_fields(self._spec, self._policy.schema()) if not self._eval else []
         self._codec = chunk_codec.resolve(str(cfg.policy.collect.collector.compression), self._spec.obs_kind == "image")
@@ -244,11 +246,20 @@ class Collector:
         setting.clear()
         setting.update(new)
 
+    def _setting_at(self, setting: dict[str, Any], envstep: int) -> None:
+        """Deterministic mode: the collect setting for the run's ``envstep`` env steps, computed
+        here (in place) where the coordinator's copy would arrive at a moment no seed decides."""
+        setting.clear()
+        setting.update(self._algorithm.collect_setting(
+            self._cfg.policy, {"envstep": envstep, "train_iter": max(self.policy_version, 0), "collectors": 1}))
+
     def _run_train(self) -> int:
         cfg, live = self._cfg, self._live
         env_id = cfg.env.env_id
         c = cfg.policy.collect.collector
         setting = dict(self._task["collect_setting"])
+        if self._deterministic:
+            self._setting_at(setting, int(self._task.get("envstep", 0)))
         budget = int(c.task_env_steps)
         deadline = time.monotonic() + float(c.task_max_seconds)
         adder = self._policy.make_adder(self._env_num, setting)
@@ -279,8 +290,12 @@ class Collector:
                 env_steps=steps - steps_at_last_send, nbytes=nbytes, envstep=base_envstep + steps,
                 ts=round(time.time(), 3)).to_dict())
             steps_at_last_send = steps
-            newer = self._comm.flush()
-            self._follow_setting(setting)
+            if self._deterministic:  # lockstep: wait as long as a policy (common/config.py apply_deterministic)
+                newer = self._comm.flush(max_wait_s=float(c.policy_wait_s))
+                self._setting_at(setting, base_envstep + steps)
+            else:
+                newer = self._comm.flush()
+                self._follow_setting(setting)
             # On-policy data is only useful from the version the learner trains next: wait for it.
             if self._source.waits_for_new_version and not self._comm.stop_flag and steps < budget:
                 newer = self._comm.wait_for_policy_update(float(c.policy_wait_s))

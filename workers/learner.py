@@ -46,6 +46,7 @@ import torch
 from easydict import EasyDict
 
 from common import events, keys, spaces
+from common.config import is_deterministic
 from common.data_shards import task_stores
 from common.device import pick_device
 from common.finite import check_train_step
@@ -490,8 +491,11 @@ def assemble(ctx: TaskContext, spec: Any, role: LearnerRole, logger: logging.Log
 def _run_learner(ctx: TaskContext) -> dict[str, Any]:
     conn, cfg, task, ns, task_id = ctx.conn, ctx.cfg, ctx.task, ctx.ns, ctx.task_id
     rank, world_size = task.rank or 0, task.world_size or 1
-    threads = int(os.environ.get("RQRL_TORCH_THREADS", "1"))
+    deterministic = is_deterministic(cfg)
+    # Deterministic mode: one thread (reduction order) and torch's deterministic kernels.
+    threads = 1 if deterministic else int(os.environ.get("RQRL_TORCH_THREADS", "1"))
     torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
     torch.manual_seed(task.seed or 0)
     events.emit(conn, ns, "started", task_id, "learner", host=socket.gethostname(), pid=os.getpid(), rank=rank)
     spec = spaces.probe(cfg)

@@ -120,3 +120,17 @@ def test_the_source_line_names_parts_taken_from_their_own_benchmark_runs():
            "git_dirty": False, "taken_from": [{"part": "start", "file": "2026-12-01-start.json"}]}
     assert "The part start comes from its own benchmark run [2026-12-01-start.json](bench/2026-12-01-start.json)." \
         in source_line(raw)
+
+
+def test_an_rl_zoo_entry_becomes_sb3_keywords_and_a_budget():
+    from tests.bench.bench_sb3 import zoo_kwargs
+
+    entry = {"n_timesteps": 120000.0, "policy": "MlpPolicy", "learning_rate": 0.004, "train_freq": 16,
+             "policy_kwargs": "dict(net_arch=[256, 256])"}
+    kwargs, budget = zoo_kwargs(entry)
+    assert budget == 120_000 and kwargs == {"policy": "MlpPolicy", "learning_rate": 0.004, "train_freq": 16,
+                                            "policy_kwargs": {"net_arch": [256, 256]}}
+    with pytest.raises(ValueError, match="'normalize' is not reproduced"):
+        zoo_kwargs({**entry, "normalize": True})
+    with pytest.raises(NameError):  # rl-zoo's strings may name only dict(...) here
+        zoo_kwargs({**entry, "policy_kwargs": "dict(activation_fn=nn.ReLU)"})

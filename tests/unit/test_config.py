@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import textwrap
 from pathlib import Path
@@ -391,3 +392,34 @@ def test_non_positive_batch_size_and_n_sample_are_refused():
     for key in ("policy.learn.batch_size", "policy.collect.n_sample"):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             apply_overrides(compile_config({}), [f"{key}=-5"])
+
+
+def test_deterministic_mode_takes_every_clock_out_of_the_run():
+    from common.config import apply_overrides, is_deterministic
+
+    base = compile_config({"exp_name": "e", "commander": {"eval_every_env_step": 0}})
+    assert not is_deterministic(base) and not is_deterministic({})  # a config from before the mode
+    cfg = apply_overrides(base, ["system.deterministic=True"])
+    c = cfg.commander
+    assert is_deterministic(cfg)
+    assert (c.collector_task_space, c.eval_task_space, c.eval_interval, c.eval_every_train_iter, c.eval_max_share) \
+        == (1, 0, 0.0, 0, 1.0)
+    # With no env-step interval set, evals fall between tasks.
+    assert c.eval_every_env_step == cfg.policy.collect.collector.task_env_steps
+    assert cfg.policy.learn.learner.send_policy_freq == 1 and cfg.policy.collect.collector.task_max_seconds >= 1e9
+    kept = compile_config({"exp_name": "e", "system": {"deterministic": True}, "commander": {"eval_every_env_step": 5000}})
+    assert kept.commander.eval_every_env_step == 5000
+
+
+def test_rqrl_train_refuses_more_than_one_collector_when_deterministic(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", str(REPO / "deploy" / "configs" / "cartpole_dqn.py"),
+                          "--deterministic", "--collectors", "3", "--dry-run"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode != 0 and "--collectors 3: a deterministic run has one collector worker" in res.stderr, res.stderr
+    ok = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", str(REPO / "deploy" / "configs" / "cartpole_dqn.py"),
+                         "--deterministic", "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert ok.returncode == 0 and "with 1 collector workers" in ok.stdout, ok.stdout + ok.stderr

@@ -22,6 +22,7 @@ import redis
 from easydict import EasyDict
 
 from common import frames, memory_budget
+from common.config import is_deterministic
 from common.spaces import SpaceSpec
 from workers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from common.sources import DataSourceSpec
@@ -80,7 +81,10 @@ class ReplayFeeder(DataSource):
         self._batch = int(cfg.policy.learn.batch_size)
         self._start = max(int(cfg.policy.other.replay_buffer.replay_start_size), 1)
         self._ratio = float(cfg.policy.learn.train_iter_per_env_step)
-        self._lead = int(cfg.policy.learn.max_env_step_lead)
+        # Deterministic mode (common/config.py apply_deterministic): one env step short of what
+        # allows the next iteration, so a collector is let go exactly when the learner can train
+        # no more on what it sent: the version it then reads is the one that trained on all of it.
+        self._lead = -1 if is_deterministic(cfg) else int(cfg.policy.learn.max_env_step_lead)
         self._rng = np.random.default_rng(seed)
 
     def envstep_limit(self, train_iter: int) -> int:

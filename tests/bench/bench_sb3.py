@@ -1,0 +1,200 @@
+"""rqrl against Stable-Baselines3 with rl-zoo's hyperparameters: same env, env-step budget, seeds and
+greedy evals; last eval and CPU seconds per 1,000 env steps of each side.
+
+    pip install -e ".[bench]"      # stable-baselines3 + rl-zoo3 (never in the main install)
+    python -m tests.bench.bench_sb3 --envs MountainCar-v0 LunarLander-v3 --seeds 0 1 --json out.json
+
+Each side runs as a process tree of its own in a cgroup (v1 ``cpuacct``, as root; else the
+waited-for children's rusage, which misses what a side's own children do not wait for, and the
+output says which): its CPU seconds are everything it did, imports, evals, Redis and the
+background teardown of ``rqrl train`` included, divided by the env-step budget.
+
+- rqrl: the env's shipped preset (``rqrl presets``), ``--seed S``, an unreachable stop value, the
+  budget as ``commander.max_env_step``, an eval every ``--eval-every`` env steps on 5 greedy
+  episodes (``policy.eval.eps=0``), and SB3's plain-max target (``policy.learn.double=False``)
+  unless ``--double``; its last eval is the closing eval at the budget (summary.json ``final_eval``).
+- SB3: rl-zoo3's ``hyperparams/dqn.yml`` entry for the env (``policy_kwargs`` as rl-zoo reads
+  it), ``seed=S``, the same budget, and SB3's ``EvalCallback`` every ``--eval-every`` env steps
+  on 5 deterministic episodes of a fresh env; torch's default threads, as rl-zoo runs it.
+
+Issue 34's goal: rqrl's median last eval >= SB3's; issue 35's: rqrl's CPU s per 1k env steps <= SB3's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
+EVAL_EPISODES = 5
+PRESETS = {"MountainCar-v0": "mountaincar_dqn.py", "LunarLander-v3": "lunarlander_dqn.py",
+           "CartPole-v1": "cartpole_dqn.py", "Acrobot-v1": "acrobot_dqn.py"}
+
+
+def zoo_kwargs(entry: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """SB3 ``DQN(...)`` keyword arguments and the budget (env steps) from an rl-zoo ``dqn.yml``
+    entry: ``n_timesteps`` is the budget, ``policy_kwargs`` a ``dict(...)`` string as rl-zoo
+    writes it; the other keys pass as they are.
+
+    Raises:
+        ValueError: an entry key that rl-zoo handles outside the algorithm (env wrappers,
+            normalisation, frame stacks), which this benchmark does not reproduce (names it).
+    """
+    kwargs = dict(entry)
+    budget = int(float(kwargs.pop("n_timesteps")))
+    for key in ("env_wrapper", "normalize", "frame_stack", "n_envs", "callback", "vec_env_wrapper"):
+        if key in kwargs:
+            raise ValueError(f"rl-zoo key {key!r} is not reproduced by this benchmark")
+    if isinstance(kwargs.get("policy_kwargs"), str):
+        # rl-zoo evaluates this string from its own package data; dict literals only here.
+        kwargs["policy_kwargs"] = eval(kwargs["policy_kwargs"], {"__builtins__": {}}, {"dict": dict})  # noqa: S307
+    return kwargs, budget
+
+
+def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict] = None) -> dict[str, Any]:
+    """Run ``cmd`` to its end and its process tree's end: exit code, wall seconds and CPU seconds
+    (cgroup ``cpuacct.usage`` of the whole tree, else the waited-for children's rusage)."""
+    group = CGROUP_ROOT / f"rqrl-bench-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        group.mkdir()
+    except OSError:
+        group = None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    if group is not None:
+        # The shell joins the group before it execs the command, so every descendant is counted.
+        cmd = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh", *cmd]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    wall = time.monotonic() - t0
+    if group is not None:
+        deadline = time.monotonic() + 120
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.5)  # rqrl train's background teardown: no event to wait on from here
+        cpu, how = int((group / "cpuacct.usage").read_text()) / 1e9, "cgroup"
+        group.rmdir()
+    else:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu, how = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), "rusage"
+    return {"rc": proc.returncode, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "cpu_by": how,
+            "tail": (proc.stdout + proc.stderr)[-2000:]}
+
+
+def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool, work: Path) -> dict[str, Any]:
+    exp = f"bench_sb3_{env_id.replace('-', '_').lower()}"
+    cmd = [sys.executable, "-m", "coordinator.cli", "train", str(REPO / "deploy" / "configs" / PRESETS[env_id]),
+           "--seed", str(seed), "--set", f"exp_name={exp}", "--set", "env.stop_value=1e9",
+           "--set", f"commander.max_env_step={budget}", "--set", "commander.max_wall_seconds=0",
+           "--set", f"commander.eval_every_env_step={eval_every}", "--set", "commander.eval_every_train_iter=0",
+           "--set", "commander.eval_interval=0", "--set", f"env.n_evaluator_episode={EVAL_EPISODES}",
+           "--set", "policy.eval.eps=0.0", "--set", f"policy.learn.double={double}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = run_measured(cmd, work, timeout_s=max(1800, budget / 20), env=env)
+    run = work / exp / "latest"
+    summary = json.loads((run / "summary.json").read_text())
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines() if line.strip()]
+    scored = [e for e in evals if e.get("reward_mean") is not None]
+    out.update(envstep=summary["envstep"], train_iter=summary["train_iter"],
+               last_eval=scored[-1]["reward_mean"] if scored else None,
+               last_eval_envstep=scored[-1].get("envstep") if scored else None, evals=len(scored))
+    return out
+
+
+def sb3_side(env_id: str, seed: int, budget: int, eval_every: int, work: Path) -> dict[str, Any]:
+    result = work / f"sb3_{env_id}_{seed}.json"
+    cmd = [sys.executable, "-m", "tests.bench.bench_sb3", "--sb3-child", env_id, "--seeds", str(seed),
+           "--eval-every", str(eval_every), "--budget", str(budget), "--json", str(result)]
+    out = run_measured(cmd, REPO, timeout_s=3600)
+    if out["rc"] == 0:
+        out.update(json.loads(result.read_text()))
+    return out
+
+
+def sb3_child(env_id: str, seed: int, eval_every: int, budget: int, result: Path) -> None:
+    """Train SB3's DQN with rl-zoo's hyperparameters and write the evals to ``result``."""
+    import gymnasium as gym
+    import rl_zoo3
+    import yaml
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.callbacks import EvalCallback
+    from stable_baselines3.common.monitor import Monitor
+
+    table = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "dqn.yml").read_text())
+    kwargs, zoo_budget = zoo_kwargs(table[env_id])
+    budget = budget or zoo_budget
+    policy = kwargs.pop("policy")
+    model = DQN(policy, gym.make(env_id), seed=seed, verbose=0, **kwargs)
+    evals: list[dict[str, float]] = []
+
+    class Record(EvalCallback):
+        def _on_step(self) -> bool:
+            go = super()._on_step()
+            if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
+                evals.append({"envstep": self.num_timesteps, "reward_mean": float(self.last_mean_reward)})
+            return go
+
+    model.learn(budget, callback=Record(Monitor(gym.make(env_id)), eval_freq=eval_every,
+                                        n_eval_episodes=EVAL_EPISODES, deterministic=True, verbose=0))
+    result.write_text(json.dumps({"envstep": int(model.num_timesteps), "last_eval": evals[-1]["reward_mean"],
+                                  "last_eval_envstep": evals[-1]["envstep"], "evals": len(evals), "budget": budget,
+                                  "curve": evals}))
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--envs", nargs="+", default=["MountainCar-v0", "LunarLander-v3"], choices=sorted(PRESETS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--eval-every", type=int, default=10_000, help="env steps between evals (both sides)")
+    ap.add_argument("--budget", type=int, default=0, help="env steps (default: rl-zoo's n_timesteps)")
+    ap.add_argument("--double", action="store_true", help="rqrl with its double-DQN target (SB3 has none)")
+    ap.add_argument("--sides", nargs="+", default=["rqrl", "sb3"], choices=["rqrl", "sb3"])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--sb3-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.sb3_child:
+        sb3_child(args.sb3_child, args.seeds[0], args.eval_every, args.budget, Path(args.json))
+        return {}
+    import yaml
+    import rl_zoo3
+
+    table = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "dqn.yml").read_text())
+    out: dict[str, Any] = {"load_average_start": os.getloadavg(), "double": args.double, "runs": []}
+    for env_id in args.envs:
+        budget = args.budget or zoo_kwargs(table[env_id])[1]
+        for seed in args.seeds:
+            for side in args.sides:  # one after the other: the sides never share the cores
+                with tempfile.TemporaryDirectory(prefix="rqrl-bench-sb3-") as tmp:
+                    row = (rqrl_side(env_id, seed, budget, args.eval_every, args.double, Path(tmp)) if side == "rqrl"
+                           else sb3_side(env_id, seed, budget, args.eval_every, Path(tmp)))
+                row.update(env=env_id, seed=seed, side=side, budget=budget,
+                           cpu_s_per_1k=round(row["cpu_s"] / budget * 1000, 2), load_average=os.getloadavg())
+                out["runs"].append(row)
+                print(f"{env_id:<15} seed {seed} {side:<4} rc {row['rc']}  last eval {row.get('last_eval')} "
+                      f"at {row.get('last_eval_envstep')}  CPU {row['cpu_s']} s ({row['cpu_by']}) = "
+                      f"{row['cpu_s_per_1k']} s per 1k env steps  wall {row['wall_s']} s", flush=True)
+    print(f"\n| env | budget | rqrl last eval (median) | SB3 last eval (median) | rqrl CPU s / 1k | SB3 CPU s / 1k | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for env_id in args.envs:
+        rows = {s: [r for r in out["runs"] if r["env"] == env_id and r["side"] == s and r["rc"] in (0, 2)]
+                for s in ("rqrl", "sb3")}
+        med = {s: (statistics.median([r["last_eval"] for r in rs if r.get("last_eval") is not None] or [float("nan")]),
+                   statistics.median([r["cpu_s_per_1k"] for r in rs] or [float("nan")])) for s, rs in rows.items()}
+        ratio = med["rqrl"][1] / med["sb3"][1] if med["sb3"][1] == med["sb3"][1] and med["sb3"][1] else float("nan")
+        print(f"| {env_id} | {rows['rqrl'][0]['budget'] if rows['rqrl'] else '-'} | {med['rqrl'][0]:.1f} | "
+              f"{med['sb3'][0]:.1f} | {med['rqrl'][1]:.2f} | {med['sb3'][1]:.2f} | {ratio:.2f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
