@@ -264,3 +264,27 @@ def wait_for_a_chunk(shard, timeout: float) -> None:
             events.get_message(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
     finally:
         events.close()
+
+
+def stop_run(conn, ns: str, procs: list, frozen: "int | None" = None) -> None:
+    """End a by-hand run: resume the ``frozen`` (SIGSTOPped) pid, set the run's stop flag, SIGTERM
+    every process of ``procs`` and wait for each (30 s, then kill)."""
+    import signal
+    import subprocess
+
+    from common import keys
+
+    if frozen is not None:
+        try:
+            os.kill(frozen, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    conn.set(keys.stop(ns), "test over")
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

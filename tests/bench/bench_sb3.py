@@ -181,7 +181,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 print(f"{env_id:<15} seed {seed} {side:<4} rc {row['rc']}  last eval {row.get('last_eval')} "
                       f"at {row.get('last_eval_envstep')}  CPU {row['cpu_s']} s ({row['cpu_by']}) = "
                       f"{row['cpu_s_per_1k']} s per 1k env steps  wall {row['wall_s']} s", flush=True)
-    print(f"\n| env | budget | rqrl last eval (median) | SB3 last eval (median) | rqrl CPU s / 1k | SB3 CPU s / 1k | ratio |")
+    print("\n| env | budget | rqrl last eval (median) | SB3 last eval (median) | rqrl CPU s / 1k | SB3 CPU s / 1k | ratio |")
     print("|---|---|---|---|---|---|---|")
     for env_id in args.envs:
         rows = {s: [r for r in out["runs"] if r["env"] == env_id and r["side"] == s and r["rc"] in (0, 2)]

@@ -20,7 +20,7 @@ import pytest
 
 from common import keys, streams
 from tests.proxy import CuttableProxy
-from tests.conftest import REPO, WORKER_CLASS, rq_bin, start_rq_workers, wait_event, worker_env
+from tests.conftest import REPO, WORKER_CLASS, rq_bin, start_rq_workers, stop_run, wait_event, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -42,23 +42,6 @@ def _start(conn, url: str, exp: str, cwd: Path, queues: list[str], *sets: str) -
                                    *[a for s in overrides for a in ("--set", s)]],
                                   cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return procs
-
-
-def _stop(conn, ns: str, procs: list[subprocess.Popen], frozen: int | None) -> None:
-    if frozen is not None:
-        try:
-            os.kill(frozen, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-    conn.set(keys.stop(ns), "test over")
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _task(conn, ns: str, tid: str) -> dict:
@@ -143,7 +126,7 @@ def test_frozen_collector_is_fenced_and_its_worker_serves_on(real_redis, redis_s
         _wait_chunk(conn, stream, later["task_id"], 30)
         _assert_balanced(_accounting(conn, ns, buffer_id))
     finally:
-        _stop(conn, ns, procs, frozen)
+        stop_run(conn, ns, procs, frozen)
 
 
 def _chunks_during(conn, stream: str, task_id: str, until: float) -> int:
@@ -224,7 +207,7 @@ def test_frozen_learner_is_fenced_and_versions_never_interleave(real_redis, redi
         assert acc["produced"] == acc["stream"] and acc.get("duplicate", 0) == 0, acc
     finally:
         sub.close()
-        _stop(conn, ns, procs, frozen)
+        stop_run(conn, ns, procs, frozen)
 
 
 CUT_S = 20
@@ -275,6 +258,6 @@ def test_collector_cut_off_from_redis_for_20_s_drops_its_task_cleanly(real_redis
         _assert_balanced(_accounting(conn, ns, buffer_id))
     finally:
         proxy.heal()
-        _stop(conn, ns, procs, None)
+        stop_run(conn, ns, procs)
         proxy.close()
 

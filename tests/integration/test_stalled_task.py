@@ -19,7 +19,7 @@ import time
 import pytest
 
 from common import keys, streams
-from tests.conftest import REPO, WORKER_CLASS, rq_bin, worker_env
+from tests.conftest import REPO, WORKER_CLASS, rq_bin, stop_run, worker_env
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -97,17 +97,4 @@ def test_stalled_collector_is_fenced_after_being_declared_dead(real_redis, redis
         new_tid = replacement[0]["task_id"]
         assert wait_for(lambda: chunks_of(conn, ns, buf, new_tid) > 0, 30), "the replacement sent nothing"
     finally:
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        conn.set(keys.stop(ns), "test over")
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_run(conn, ns, procs, pid)
