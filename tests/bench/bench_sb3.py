@@ -15,7 +15,9 @@ background teardown of ``rqrl train`` included, divided by the env-step budget.
   unless ``--double``; its last eval is the closing eval at the budget (summary.json ``final_eval``).
 - SB3: rl-zoo3's ``hyperparams/dqn.yml`` entry for the env (``policy_kwargs`` as rl-zoo reads
   it), ``seed=S``, the same budget, and SB3's ``EvalCallback`` every ``--eval-every`` env steps
-  on 5 deterministic episodes of a fresh env; torch's default threads, as rl-zoo runs it.
+  on 5 deterministic episodes of a fresh env; ``--sb3-threads`` torch threads (default 1, as
+  rqrl's learner and collectors: on a busy 2-core box torch's default of one per core spent
+  5.65 CPU s per 1k env steps on MountainCar, much of it in threads waiting for each other).
 
 Issue 34's goal: rqrl's median last eval >= SB3's; issue 35's: rqrl's CPU s per 1k env steps <= SB3's.
 """
@@ -109,25 +111,28 @@ def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool
     return out
 
 
-def sb3_side(env_id: str, seed: int, budget: int, eval_every: int, work: Path) -> dict[str, Any]:
+def sb3_side(env_id: str, seed: int, budget: int, eval_every: int, threads: int, work: Path) -> dict[str, Any]:
     result = work / f"sb3_{env_id}_{seed}.json"
     cmd = [sys.executable, "-m", "tests.bench.bench_sb3", "--sb3-child", env_id, "--seeds", str(seed),
-           "--eval-every", str(eval_every), "--budget", str(budget), "--json", str(result)]
+           "--eval-every", str(eval_every), "--budget", str(budget), "--sb3-threads", str(threads),
+           "--json", str(result)]
     out = run_measured(cmd, REPO, timeout_s=3600)
     if out["rc"] == 0:
         out.update(json.loads(result.read_text()))
     return out
 
 
-def sb3_child(env_id: str, seed: int, eval_every: int, budget: int, result: Path) -> None:
+def sb3_child(env_id: str, seed: int, eval_every: int, budget: int, threads: int, result: Path) -> None:
     """Train SB3's DQN with rl-zoo's hyperparameters and write the evals to ``result``."""
     import gymnasium as gym
     import rl_zoo3
+    import torch
     import yaml
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import EvalCallback
     from stable_baselines3.common.monitor import Monitor
 
+    torch.set_num_threads(threads)
     table = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "dqn.yml").read_text())
     kwargs, zoo_budget = zoo_kwargs(table[env_id])
     budget = budget or zoo_budget
@@ -156,25 +161,27 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap.add_argument("--eval-every", type=int, default=10_000, help="env steps between evals (both sides)")
     ap.add_argument("--budget", type=int, default=0, help="env steps (default: rl-zoo's n_timesteps)")
     ap.add_argument("--double", action="store_true", help="rqrl with its double-DQN target (SB3 has none)")
+    ap.add_argument("--sb3-threads", type=int, default=1, help="torch threads of the SB3 side")
     ap.add_argument("--sides", nargs="+", default=["rqrl", "sb3"], choices=["rqrl", "sb3"])
     ap.add_argument("--json", default=None)
     ap.add_argument("--sb3-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.sb3_child:
-        sb3_child(args.sb3_child, args.seeds[0], args.eval_every, args.budget, Path(args.json))
+        sb3_child(args.sb3_child, args.seeds[0], args.eval_every, args.budget, args.sb3_threads, Path(args.json))
         return {}
     import yaml
     import rl_zoo3
 
     table = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "dqn.yml").read_text())
-    out: dict[str, Any] = {"load_average_start": os.getloadavg(), "double": args.double, "runs": []}
+    out: dict[str, Any] = {"load_average_start": os.getloadavg(), "double": args.double,
+                           "sb3_threads": args.sb3_threads, "runs": []}
     for env_id in args.envs:
         budget = args.budget or zoo_kwargs(table[env_id])[1]
         for seed in args.seeds:
             for side in args.sides:  # one after the other: the sides never share the cores
                 with tempfile.TemporaryDirectory(prefix="rqrl-bench-sb3-") as tmp:
                     row = (rqrl_side(env_id, seed, budget, args.eval_every, args.double, Path(tmp)) if side == "rqrl"
-                           else sb3_side(env_id, seed, budget, args.eval_every, Path(tmp)))
+                           else sb3_side(env_id, seed, budget, args.eval_every, args.sb3_threads, Path(tmp)))
                 row.update(env=env_id, seed=seed, side=side, budget=budget,
                            cpu_s_per_1k=round(row["cpu_s"] / budget * 1000, 2), load_average=os.getloadavg())
                 out["runs"].append(row)
