@@ -61,6 +61,7 @@ PRESETS: tuple[Preset, ...] = (
     Preset("Pendulum-v1", "sac", "pendulum_sac.py", "classic control"),
     Preset("LunarLander-v3", "dqn", "lunarlander_dqn.py", "classic control", "box2d"),
     Preset("MinAtar/Breakout-v1", "dqn", "minatar_breakout_dqn.py", "MinAtar", "minatar"),
+    Preset("MinAtar/Breakout-v1", "impala", "minatar_breakout_impala.py", "MinAtar", "minatar"),
     Preset("MinAtar/SpaceInvaders-v1", "ppo", "minatar_space_invaders_ppo.py", "MinAtar", "minatar"),
     Preset("ALE/Pong-v5", "dqn", "pong_dqn.py", "Atari", "atari"),
     Preset("ALE/Breakout-v5", "ppo", "breakout_ppo.py", "Atari", "atari"),

@@ -16,7 +16,7 @@ from common import keys
 from common.connection import connect, connect_cluster
 from common.embedded_redis import EmbeddedCluster
 from common.step_data import StepDataStore
-from tests.conftest import REPO, run_rqrl, wait_for_a_chunk, wait_gone, worker_env
+from tests.conftest import REPO, kill_leftovers, run_rqrl, wait_for_a_chunk, wait_gone, worker_env
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -90,6 +90,9 @@ def test_a_cluster_primary_that_dies_stops_the_run_naming_its_shard(tmp_path, re
     finally:
         if proc.poll() is None:
             proc.kill()
+        # The run's workers and teardown would retry the dead shard for a while, still registered on
+        # the suite's Redis: the next test's fleet would count them (and hand them its tasks).
+        kill_leftovers(exp)
     summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
     assert proc.returncode == 1, out + err[-3000:]
     assert summary["status"].startswith(f"data shard 1 ({cluster.url}?shards=3 {tag}) unreachable"), summary["status"]
