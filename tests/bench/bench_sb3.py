@@ -9,7 +9,8 @@ waited-for children's rusage, which misses what a side's own children do not wai
 output says which): its CPU seconds are everything it did, imports, evals, Redis and the
 background teardown of ``rqrl train`` included, divided by the env-step budget.
 
-- rqrl: the env's shipped preset (``rqrl presets``), ``--seed S``, an unreachable stop value, the
+- rqrl: the env's shipped preset (``rqrl presets``, two collector workers and one for evals as
+  ``rqrl train`` starts them), ``--seed S``, an unreachable stop value, the
   budget as ``commander.max_env_step``, an eval every ``--eval-every`` env steps on 5 greedy
   episodes (``policy.eval.eps=0``), and SB3's plain-max target (``policy.learn.double=False``)
   unless ``--double``; its last eval is the closing eval at the budget (summary.json ``final_eval``).
@@ -105,7 +106,8 @@ def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool
     summary = json.loads((run / "summary.json").read_text())
     evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines() if line.strip()]
     scored = [e for e in evals if e.get("reward_mean") is not None]
-    out.update(envstep=summary["envstep"], train_iter=summary["train_iter"],
+    out.update(envstep=summary["envstep"], train_iter=summary["train_iter"], learner_cpu_s=summary.get("learner_cpu_s"),
+               learner_train_iter_per_sec=summary.get("learner_train_iter_per_sec"),
                last_eval=scored[-1]["reward_mean"] if scored else None,
                last_eval_envstep=scored[-1].get("envstep") if scored else None, evals=len(scored))
     return out
@@ -187,7 +189,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 out["runs"].append(row)
                 print(f"{env_id:<15} seed {seed} {side:<4} rc {row['rc']}  last eval {row.get('last_eval')} "
                       f"at {row.get('last_eval_envstep')}  CPU {row['cpu_s']} s ({row['cpu_by']}) = "
-                      f"{row['cpu_s_per_1k']} s per 1k env steps  wall {row['wall_s']} s", flush=True)
+                      f"{row['cpu_s_per_1k']} s per 1k env steps  wall {row['wall_s']} s"
+                      + (f"  (learner {row['learner_cpu_s']} s)" if row.get("learner_cpu_s") else ""), flush=True)
     print("\n| env | budget | rqrl last eval (median) | SB3 last eval (median) | rqrl CPU s / 1k | SB3 CPU s / 1k | ratio |")
     print("|---|---|---|---|---|---|---|")
     for env_id in args.envs:
