@@ -64,7 +64,7 @@ def test_cartpole_dqn_on_a_three_primary_cluster_converges_and_counts_each_chunk
     control = connect(redis_server.url)
     assert control.exists(keys.run(ns)) and not control.keys(keys.data_pattern(ns) + "*")
     assert not control.keys(f"rqrl:{ns}:*data:*") and not control.keys(f"rqrl:{ns}:*buffer:*")
-    status = run_rqrl("status", "--redis-url", redis_server.url, cwd=tmp_path, timeout=120)
+    status = run_rqrl("status", "--redis-url", redis_server.url, "--exp", exp, cwd=tmp_path, timeout=120)
     shown = [ln for ln in status.stdout.splitlines() if ln.startswith("  data shard ")]
     assert [ln.split()[2] for ln in shown] == ["0", "1", "2"], status.stdout
     print(f"\ncluster: envstep {summary['envstep']}, wall {summary['wall_seconds']} s, "

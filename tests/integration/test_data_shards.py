@@ -46,7 +46,7 @@ def test_cartpole_dqn_on_two_data_shards_converges_and_counts_each_chunk_once(tm
     assert [d["url"] for d in per_shard] == [s.url for s in shards]
     assert all(d["chunks"] > 0 and d["bytes"] > 0 and d["used_memory"] > 0 and "chunks_per_s" in d
                for d in per_shard), per_shard
-    status = run_rqrl("status", "--redis-url", redis_server.url, cwd=tmp_path, timeout=120)
+    status = run_rqrl("status", "--redis-url", redis_server.url, "--exp", exp, cwd=tmp_path, timeout=120)
     shown = [ln for ln in status.stdout.splitlines() if ln.startswith("  data shard ")]
     assert [ln.split()[2] for ln in shown] == ["0", "1"] and all(" MB  chunks " in ln for ln in shown), status.stdout
     assert wait_gone(exp) == [], "child processes outlived rqrl train's teardown"
