@@ -107,6 +107,14 @@ class _Shard(NamedTuple):
     tag: str
 
 
+def _shards_of(url_index: int, url: str) -> list[_Shard]:
+    """The shards URL ``url`` (number ``url_index`` of the list) holds: itself, or a cluster's ``shards`` slot tags."""
+    if not is_cluster_url(url):
+        return [_Shard(url_index, "")]
+    n = cluster_shard_count(url)
+    return [_Shard(url_index, keys.slot_tag(k, n)) for k in range(n)]
+
+
 class DataShards:
     """Connections to the data shards of ``urls`` (in order: a task's ``data_shard`` indexes the
     shards, a cluster URL's ``shards`` of them in its place), with rqrl's retries (and, for workers
@@ -124,10 +132,7 @@ class DataShards:
         self.urls = list(urls)
         try:
             self.conns = [connect_cluster(u) if is_cluster_url(u) else with_retries(connect(u)) for u in self.urls]
-            self._shards = [_Shard(i, keys.slot_tag(k, n) if is_cluster_url(u) else "")
-                            for i, u in enumerate(self.urls)
-                            for k, n in ([(k, cluster_shard_count(u)) for k in range(cluster_shard_count(u))]
-                                         if is_cluster_url(u) else [(0, 1)])]
+            self._shards = [shard for i, u in enumerate(self.urls) for shard in _shards_of(i, u)]
         except ValueError as e:
             raise DataShardConfigError(str(e)) from None
         self._probes: list[Optional[redis.Redis]] = [None] * len(self.urls)
