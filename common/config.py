@@ -336,7 +336,9 @@ def apply_deterministic(cfg: dict) -> None:
     - evals on env steps only (``eval_every_env_step``; the train-iteration and wall-time
       triggers and the eval time share are off; an unset interval evaluates every
       ``task_env_steps``), counted from finished collector tasks by the commander, which also
-      stops at ``max_env_step`` there; tasks end on env steps (``task_max_seconds`` out of reach).
+      stops at ``max_env_step`` there; tasks end on env steps (``task_max_seconds`` out of reach),
+      at most ``eval_every_env_step`` and ``max_env_step`` of them, so evals and the stop fall
+      where they were asked for (a task ends on the first whole vector step past its quota).
 
     Training runs no faster than one process then (nothing overlaps). ``max_wall_seconds`` and a
     stop by signal still end a run at a moment no seed decides.
@@ -345,6 +347,9 @@ def apply_deterministic(cfg: dict) -> None:
         return
     com, pol = cfg["commander"], cfg["policy"]
     collector = pol["collect"]["collector"]
+    # Tasks no longer than the eval interval or the budget, so that evals and the stop land on them.
+    collector["task_env_steps"] = min(n for n in (collector["task_env_steps"], com["eval_every_env_step"],
+                                                  com["max_env_step"]) if n > 0)
     com.update(collector_task_space=1, eval_task_space=0, eval_interval=0.0, eval_max_share=1.0,
                eval_every_env_step=com["eval_every_env_step"] or collector["task_env_steps"], eval_every_train_iter=0)
     collector["task_max_seconds"] = 1e9

@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.server_agn
 CONFIG = str(REPO / "deploy" / "configs" / "cartpole_dqn.py")
 
 
-def _run(tmp_path, seed: int, name: str) -> tuple[list, list]:
+def _run(tmp_path, seed: int, name: str, config: str = CONFIG) -> tuple[list, list]:
     exp = f"det_{os.getpid()}"
-    res = run_rqrl("train", CONFIG, "--deterministic", "--seed", str(seed), "--name", name,
+    res = run_rqrl("train", config, "--deterministic", "--seed", str(seed), "--name", name,
                    "--set", f"exp_name={exp}", "--set", "env.stop_value=1e9", "--set", "commander.max_env_step=4000",
                    "--set", "commander.max_wall_seconds=0", "--set", "commander.eval_every_env_step=2000",
                    "--set", "policy.collect.collector.task_env_steps=1000", cwd=tmp_path, timeout=540)
@@ -39,3 +39,11 @@ def test_the_same_seed_twice_gives_the_same_evals_and_episodes_and_another_seed_
     assert (evals, episodes) == again
     other = _run(tmp_path, 4, "c")
     assert other != (evals, episodes)
+
+
+def test_the_same_seed_gives_the_same_ppo_run(tmp_path):
+    """The on-policy data path (collectors wait for each new policy version) repeats too."""
+    config = str(REPO / "deploy" / "configs" / "cartpole_ppo.py")
+    first = _run(tmp_path, 3, "p1", config)
+    assert [e[0] for e in first[0]] == [2000, 4000], first[0]
+    assert _run(tmp_path, 3, "p2", config) == first

@@ -409,6 +409,10 @@ def test_deterministic_mode_takes_every_clock_out_of_the_run():
     assert cfg.policy.learn.learner.send_policy_freq == 1 and cfg.policy.collect.collector.task_max_seconds >= 1e9
     kept = compile_config({"exp_name": "e", "system": {"deterministic": True}, "commander": {"eval_every_env_step": 5000}})
     assert kept.commander.eval_every_env_step == 5000
+    # Tasks end where evals and the budget fall.
+    assert kept.policy.collect.collector.task_env_steps == 5000
+    short = apply_overrides(kept, ["commander.max_env_step=3000"])
+    assert short.policy.collect.collector.task_env_steps == 3000
 
 
 def test_rqrl_train_refuses_more_than_one_collector_when_deterministic(tmp_path):
