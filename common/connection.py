@@ -320,7 +320,9 @@ def connect_cluster(url: str, *, socket_timeout: float = 60.0, retries: bool = T
                                      socket_connect_timeout=min(10.0, socket_timeout), retry=retry)
     except ValueError as e:
         raise ValueError(f"bad redis url {redact(url)}: {scrub(str(e), url)}") from None
-    except redis.RedisError as e:  # RedisClusterException (not a cluster), ConnectionError
+    # A cluster client's own errors (no node reachable, a server not in cluster mode, refused
+    # credentials) are RedisClusterException, which is not a RedisError.
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as e:
         raise RedisUnavailable(f"Redis Cluster at {redact(url)}: {scrub(str(e), url)}") from None
 
 

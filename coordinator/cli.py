@@ -172,7 +172,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         what = f"resume run {run_dir}" if run_dir is not None else f"start a run in ./{cfg.exp_name}/"
         print(f"dry run: config, env spaces{' and Redis' if args.redis_url else ''} checked; would {what} with "
-              f"{args.collectors} collector workers (nothing launched, nothing created)")
+              f"{args.collectors} collector worker{'s' if args.collectors != 1 else ''} (nothing launched, nothing created)")
         return 0
     coord_args = [f"--set={o}" for o in args.overrides]
     if args.seed is not None:

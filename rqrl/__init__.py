@@ -161,7 +161,8 @@ def train(config: str | os.PathLike, *, cwd: str | os.PathLike = ".", collectors
             dict: ``**{"policy.learn.batch_size": 64}``); values are Python literals.
 
     Returns:
-        The exit code (0 converged; 1 stopped at a budget; 2 refused: bad config, bad Redis),
+        The exit code, as ``rqrl train``'s (0 converged; 2 stopped at a budget; 1 an error: a
+        refused config or Redis, tasks that failed in a row; 130 interrupted),
         the run folder (None when no run started) and its summary.json ({} when none).
 
     Its output (progress line, closing block) goes to this process's stdout / stderr.

@@ -10,7 +10,10 @@ step-data store split over a control server and two data shards (fakeredis serve
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import fakeredis
 import pytest
@@ -22,6 +25,7 @@ from common.data_shards import (DataShardConfigError, DataShards, StoreGroup, pa
 from common.messages import CollectorTask, LearnerTask, MessageError
 from common.scripts import LeaseRevoked
 from common.step_data import AckEntry, Chunk, DataShardError, StepDataStore
+from tests.conftest import REPO
 
 NS, BUF, POL, TASK, LEARNER = "shard_exp/r1", "buffer_s", "policy_s", "collector_task_s", "learner_task_s"
 
@@ -269,3 +273,19 @@ def test_shard_totals_give_memory_and_a_chunk_rate_and_a_full_shard_is_named_onc
     assert named == ["data shard 1 (redis://127.0.0.1:2/0) is full (67,108,864 of maxmemory 67,108,864 bytes): "
                      "collectors writing to it wait for room"]
 
+
+
+def test_a_cluster_that_does_not_answer_is_one_line_naming_it_redacted(tmp_path):
+    from common.connection import RedisUnavailable, connect_cluster
+
+    url = "redis+cluster://u:secret@127.0.0.1:1/0?shards=3"  # nothing listens on port 1
+    with pytest.raises(RedisUnavailable, match=r"Redis Cluster at redis\+cluster://u:\*\*\*@127\.0\.0\.1:1/0") as e:
+        connect_cluster(url, socket_timeout=2, retries=False)
+    assert "secret" not in str(e.value)
+    with pytest.raises(RedisUnavailable):
+        DataShards([url])
+    res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", str(REPO / "deploy" / "configs" / "cartpole_dqn.py"),
+                          "--dry-run", "--data-redis-url", url], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 1 and "Traceback" not in res.stderr and "secret" not in res.stderr + res.stdout, res.stderr
+    assert "Redis Cluster at redis+cluster://u:***@127.0.0.1:1/0" in res.stderr, res.stderr
