@@ -64,6 +64,16 @@ def zoo_kwargs(entry: dict[str, Any]) -> tuple[dict[str, Any], int]:
     return kwargs, budget
 
 
+def _process(pid: str) -> Any:
+    """psutil's handle of ``pid``, None when it is gone already."""
+    import psutil
+
+    try:
+        return psutil.Process(int(pid))
+    except psutil.NoSuchProcess:
+        return None
+
+
 def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict] = None) -> dict[str, Any]:
     """Run ``cmd`` to its end and its process tree's end: exit code, wall seconds and CPU seconds
     (cgroup ``cpuacct.usage`` of the whole tree, else the waited-for children's rusage)."""
@@ -80,9 +90,13 @@ def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall = time.monotonic() - t0
     if group is not None:
+        import psutil
+
         deadline = time.monotonic() + 120
-        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.5)  # rqrl train's background teardown: no event to wait on from here
+        # rqrl train's background teardown outlives it: wait for every process left in the group.
+        while (pids := (group / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
+            psutil.wait_procs([p for p in map(_process, pids) if p is not None],
+                              timeout=max(0.1, deadline - time.monotonic()))
         cpu, how = int((group / "cpuacct.usage").read_text()) / 1e9, "cgroup"
         group.rmdir()
     else:
