@@ -288,3 +288,30 @@ def stop_run(conn, ns: str, procs: list, frozen: "int | None" = None) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def train_until_a_shard_dies(tmp_path, control_url: str, data_url: str, exp: str, server) -> tuple:
+    """``rqrl train`` CartPole DQN with step data on ``data_url`` (one collector, 200-env-step tasks, no
+    end in sight); once a chunk lands on ``server`` (an :class:`common.embedded_redis.EmbeddedRedis`
+    holding shard 1: tasks take the shards in turn), stop that server and wait for the run to end.
+    Returns ``(exit code, stdout, stderr, summary.json)``; the run's leftovers are killed (its
+    workers and teardown would retry the dead shard for a while, still registered on the suite's
+    Redis: the next test's fleet would count them and hand them its tasks)."""
+    import json
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "train", str(REPO / "deploy" / "configs" / "cartpole_dqn.py"),
+         "--redis-url", control_url, "--data-redis-url", data_url, "--set", f"exp_name={exp}",
+         "--set", "env.stop_value=100000", "--set", "commander.max_env_step=10000000", "--collectors", "1",
+         "--set", "policy.collect.collector.task_env_steps=200"],
+        cwd=tmp_path, env=worker_env(""), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_a_chunk(connect(server.url), 180)
+        server.stop()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_leftovers(exp)
+    return proc.returncode, out, err, json.loads((tmp_path / exp / "latest" / "summary.json").read_text())

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from redis.cluster import RedisCluster
@@ -16,7 +14,7 @@ from common import keys
 from common.connection import connect, connect_cluster
 from common.embedded_redis import EmbeddedCluster
 from common.step_data import StepDataStore
-from tests.conftest import REPO, kill_leftovers, run_rqrl, wait_for_a_chunk, wait_gone, worker_env
+from tests.conftest import REPO, run_rqrl, train_until_a_shard_dies, wait_gone
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -73,27 +71,11 @@ def test_cartpole_dqn_on_a_three_primary_cluster_converges_and_counts_each_chunk
 
 def test_a_cluster_primary_that_dies_stops_the_run_naming_its_shard(tmp_path, redis_server, cluster):
     exp = f"cluster_dies_{os.getpid()}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
-         "--data-redis-url", f"{cluster.url}?shards=3", "--set", f"exp_name={exp}",
-         "--set", "env.stop_value=100000", "--set", "commander.max_env_step=10000000", "--collectors", "1",
-         # Short tasks: the second one (on shard 1: tasks take the shards in turn) starts soon.
-         "--set", "policy.collect.collector.task_env_steps=200"],
-        cwd=tmp_path, env=worker_env(""), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        tag = keys.slot_tag(1, 3)
-        primary = connect_cluster(cluster.url).get_node_from_key(tag)
-        server = next(s for s in cluster.servers if s.port == primary.port)
-        wait_for_a_chunk(connect(server.url), 180)
-        server.stop()
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        # The run's workers and teardown would retry the dead shard for a while, still registered on
-        # the suite's Redis: the next test's fleet would count them (and hand them its tasks).
-        kill_leftovers(exp)
-    summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
-    assert proc.returncode == 1, out + err[-3000:]
+    tag = keys.slot_tag(1, 3)
+    primary = connect_cluster(cluster.url).get_node_from_key(tag)
+    server = next(s for s in cluster.servers if s.port == primary.port)  # it holds shard 1's slot
+    code, out, err, summary = train_until_a_shard_dies(tmp_path, redis_server.url, f"{cluster.url}?shards=3", exp,
+                                                       server)
+    assert code == 1, out + err[-3000:]
     assert summary["status"].startswith(f"data shard 1 ({cluster.url}?shards=3 {tag}) unreachable"), summary["status"]
     assert "the worker process died" not in summary["status"]

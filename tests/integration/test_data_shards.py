@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +12,7 @@ from common import keys
 from common.connection import connect
 from common.embedded_redis import EmbeddedRedis
 from common.step_data import StepDataStore
-from tests.conftest import REPO, kill_leftovers, run_rqrl, wait_for_a_chunk, wait_gone, worker_env
+from tests.conftest import REPO, run_rqrl, train_until_a_shard_dies, wait_gone
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -68,26 +66,9 @@ def test_cartpole_dqn_on_two_data_shards_converges_and_counts_each_chunk_once(tm
 
 def test_a_data_shard_that_dies_stops_the_run_naming_it(tmp_path, redis_server, shards):
     exp = f"shard_dies_{os.getpid()}"
-    env = worker_env("")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
-         "--data-redis-url", ",".join(s.url for s in shards), "--set", f"exp_name={exp}",
-         "--set", "env.stop_value=100000", "--set", "commander.max_env_step=10000000", "--collectors", "1",
-         # Short tasks: the second one (on shard 1: tasks take the shards in turn) starts soon.
-         "--set", "policy.collect.collector.task_env_steps=200"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for_a_chunk(connect(shards[1].url), 180)
-        shards[1].stop()
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        # The run's workers and teardown would retry the dead shard for a while, still registered on
-        # the suite's Redis: the next test's fleet would count them (and hand them its tasks).
-        kill_leftovers(exp)
-    summary = json.loads((tmp_path / exp / "latest" / "summary.json").read_text())
-    assert proc.returncode == 1, out + err[-3000:]
+    code, out, err, summary = train_until_a_shard_dies(tmp_path, redis_server.url, ",".join(s.url for s in shards),
+                                                       exp, shards[1])
+    assert code == 1, out + err[-3000:]
     assert summary["status"].startswith(f"data shard 1 ({shards[1].url}) unreachable"), summary["status"]
     assert "failed in a row" not in summary["status"]
     # The shard that lived still balances: every chunk written to it was consumed or is accounted
