@@ -44,6 +44,17 @@ def _start(conn, url: str, exp: str, cwd: Path, queues: list[str], *sets: str) -
     return procs
 
 
+def _first_sending_collector(conn, ns: str) -> tuple[str, int, str, str]:
+    """The run's first collector task once it has sent a chunk (mid-task): its id, pid, buffer id
+    and the buffer's stream."""
+    first = wait_event(conn, ns, lambda e: e["type"] == "started" and e["task_type"] == "collector", 60)
+    tid = first["task_id"]
+    buffer_id = _task(conn, ns, tid)["buffer_id"]
+    stream = keys.buffer_meta(ns, buffer_id)
+    _wait_chunk(conn, stream, tid, 60)
+    return tid, int(first["pid"]), buffer_id, stream
+
+
 def _task(conn, ns: str, tid: str) -> dict:
     return json.loads(conn.hget(keys.tasks(ns), tid))["task"]
 
@@ -100,11 +111,7 @@ def test_frozen_collector_is_fenced_and_its_worker_serves_on(real_redis, redis_s
                    "policy.collect.collector.task_env_steps=3000")
     frozen = None
     try:
-        first = wait_event(conn, ns, lambda e: e["type"] == "started" and e["task_type"] == "collector", 60)
-        tid, frozen = first["task_id"], int(first["pid"])
-        buffer_id = _task(conn, ns, tid)["buffer_id"]
-        stream = keys.buffer_meta(ns, buffer_id)
-        _wait_chunk(conn, stream, tid, 60)  # mid-task: it sends
+        tid, frozen, buffer_id, stream = _first_sending_collector(conn, ns)
         os.kill(frozen, signal.SIGSTOP)
         # One collector task at a time: a second one starts only once the first was declared dead.
         repl = wait_event(conn, ns, lambda e: e["type"] == "started" and e["task_type"] == "collector"
@@ -227,11 +234,7 @@ def test_collector_cut_off_from_redis_for_20_s_drops_its_task_cleanly(real_redis
                              env=worker_env(proxy.url()), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     procs += _start(conn, redis_server.url, exp, tmp_path, ["learner"], "policy.collect.collector.task_env_steps=3000")
     try:
-        first = wait_event(conn, ns, lambda e: e["type"] == "started" and e["task_type"] == "collector", 60)
-        tid, cut_pid = first["task_id"], int(first["pid"])
-        buffer_id = _task(conn, ns, tid)["buffer_id"]
-        stream = keys.buffer_meta(ns, buffer_id)
-        _wait_chunk(conn, stream, tid, 60)  # mid-task: it sends
+        tid, cut_pid, buffer_id, stream = _first_sending_collector(conn, ns)
         proxy.cut()
         cut_at = time.monotonic()
         # A directly connected collector takes the replacement once the task is declared dead.
