@@ -15,7 +15,7 @@ VENV ?= .venv
 # Installed before rqrl, so pyproject's torch range is met by it (here: the CPU wheel the machine
 # provides); set TORCH= to keep the torch your environment has, e.g. a CUDA build.
 TORCH ?= torch==2.13.0
-EXTRAS ?= test,video,box2d,mujoco,atari,minatar,dashboard
+EXTRAS ?= test,video,box2d,mujoco,atari,minatar,league,dashboard
 CONFIG ?= deploy/configs/cartpole_dqn.py
 TARGET := $(if $(ENV),$(ENV),$(CONFIG))
 # Asked of the presets table with the standard library alone: no environment is needed yet.

@@ -185,6 +185,12 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         heartbeat_timeout=6.0,
         # Give up (exit 1) after this many task failures in a row with no success (0 = never).
         max_task_failures=10,
+        # The league commander's (create_config.commander.type="league", coordinator/league.py):
+        # a snapshot of main every snapshot_every train iterations; each training task plays
+        # main itself with probability self_play_share, else a snapshot chosen by PFSP with this
+        # weighting ("hard", "variance", "uniform") among the newest max_snapshots (0 = all).
+        league=dict(snapshot_every=20, self_play_share=0.2, weighting="hard", max_snapshots=0, elo_k=16.0,
+                    initial_elo=1000.0),
     ),
 )
 

@@ -15,7 +15,8 @@ of the spaces, ``rqrl eval``) goes through here, so they all see the same spaces
                The base env is built with frameskip=1 (the wrapper skips) and sticky actions
                (repeat_action_probability, 0.25 as ALE v5). Settings: ``env.atari``.
     wrappers   env.wrappers = [dict(type="module:Class", kwargs={...}, train_only=False), ...],
-               applied in order after the preset (any gymnasium wrapper, or your own), except
+               applied in order after the preset (any gymnasium wrapper, or your own; train_only
+               ones on training envs only, eval_only ones on eval envs and `rqrl eval` only), except
                wrappers with running statistics across episodes (NormalizeObservation,
                NormalizeReward): refused, since every collector, eval task and `rqrl eval`
                has envs of its own and the statistics would not travel with the policy.
@@ -23,7 +24,8 @@ of the spaces, ``rqrl eval``) goes through here, so they all see the same spaces
 MinAtar ids (``MinAtar/Breakout-v0``, ...; the ``minatar`` extra) work without an import of
 the user's: gymnasium 1.x does not load MinAtar's plugin, so the first env id that starts with
 ``MinAtar/`` registers its games (:func:`register_minatar`). Their bool (10, 10, C) grids are
-image channels (common/spaces.py).
+image channels (common/spaces.py). Ids starting with ``rqrl/`` are the two-player games of
+common/games.py (the ``league`` extra), registered the same way.
 
 ``train`` is True for collector tasks that send training data, False for eval tasks and
 ``rqrl eval``: training-only wrappers are skipped there, so eval returns are true game scores.
@@ -36,6 +38,7 @@ from typing import Any, Callable
 
 PRESETS = ("", "atari")
 MINATAR_PREFIX = "MinAtar/"
+GAMES_PREFIX = "rqrl/"
 
 # Wrappers that keep running statistics across episodes (gymnasium's normalisers). Each collector,
 # eval task and `rqrl eval` has envs of its own, so the statistics would differ between them and
@@ -68,11 +71,12 @@ def check(env_cfg: Any) -> None:
                              "builds the base env with frameskip=1 and skips frames itself (env.atari.frame_skip)")
     for i, w in enumerate(env_cfg.get("wrappers") or []):
         ok = (isinstance(w, dict) and isinstance(w.get("type"), str) and ":" in w["type"]
-              and set(w) <= {"type", "kwargs", "train_only"} and isinstance(w.get("kwargs", {}), dict)
-              and isinstance(w.get("train_only", False), bool))
+              and set(w) <= {"type", "kwargs", "train_only", "eval_only"} and isinstance(w.get("kwargs", {}), dict)
+              and isinstance(w.get("train_only", False), bool) and isinstance(w.get("eval_only", False), bool)
+              and not (w.get("train_only") and w.get("eval_only")))
         if not ok:
             raise EnvConfigError(f"config key 'env.wrappers[{i}]' must be dict(type='module:Class', kwargs={{...}}, "
-                                 f"train_only=False), got {w!r}")
+                                 f"train_only=False, eval_only=False) with at most one of the two flags, got {w!r}")
         if w["type"].rpartition(":")[2] in STATEFUL_WRAPPERS:
             raise _stateful_error(i, w["type"])
 
@@ -88,7 +92,8 @@ def base_kwargs(env_cfg: Any) -> dict[str, Any]:
 
 def import_preset(env_cfg: Any) -> None:
     """Import what the preset's or the env id's envs need: ``ale_py`` registers ``ALE/...`` ids
-    (``env.preset="atari"``); an id starting with ``MinAtar/`` registers MinAtar's games.
+    (``env.preset="atari"``); an id starting with ``MinAtar/`` registers MinAtar's games, one
+    starting with ``rqrl/`` the two-player games (common/games.py).
 
     Raises:
         EnvConfigError: the optional dependency is not installed (names the extra to install).
@@ -103,6 +108,10 @@ def import_preset(env_cfg: Any) -> None:
         gym.register_envs(ale_py)
     if str(env_cfg.get("env_id", "")).startswith(MINATAR_PREFIX):
         register_minatar(env_cfg.env_id)
+    if str(env_cfg.get("env_id", "")).startswith(GAMES_PREFIX):
+        from common import games
+
+        games.register()
 
 
 def register_minatar(env_id: str) -> None:
@@ -156,7 +165,7 @@ def wrappers(env_cfg: Any, train: bool) -> list[Callable[[Any], Any]]:
         if int(a.frame_stack) > 1:
             out.append(lambda e: gw.FrameStackObservation(e, int(a.frame_stack)))
     for i, w in enumerate(env_cfg.get("wrappers") or []):
-        if w.get("train_only", False) and not train:
+        if (w.get("train_only", False) and not train) or (w.get("eval_only", False) and train):
             continue
         module, _, name = w["type"].partition(":")
         try:

@@ -188,6 +188,21 @@ def policy(exp: str, policy_id: str) -> str:
     return f"{exp_prefix(exp)}:policy:{_check('policy_id', policy_id)}"
 
 
+def league_snapshot(exp: str, player_id: str) -> str:
+    """A league snapshot's weights: a versioned blob like :func:`policy` (hash), copied from it."""
+    return f"{exp_prefix(exp)}:league:snapshot:{_check('player_id', player_id)}"
+
+
+def league_elo(exp: str) -> str:
+    """The league's Elo ratings (hash: player id -> rating), written by the league commander."""
+    return f"{exp_prefix(exp)}:league:elo"
+
+
+def league_payoff(exp: str) -> str:
+    """Main's results against each opponent (hash: player id -> JSON ``{"wins", "draws", "losses"}``)."""
+    return f"{exp_prefix(exp)}:league:payoff"
+
+
 def policy_updates(exp: str, policy_id: str) -> str:
     """Pub/sub channel announcing each policy publication (small text, never the weights)."""
     return f"{policy(exp, policy_id)}:updates"

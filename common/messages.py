@@ -189,7 +189,10 @@ class CollectorTask(_Task):
     ``eval_episodes`` (a confirmation eval: the evaluated policy to replay and its episode count);
     ``data_shards`` / ``data_shard`` (the run's number of data shards and the index of the one this
     task writes its chunks to, common/data_shards.py; absent in older tasks and without shards:
-    step data on the control Redis). ``task_type`` is always ``"collector"`` on the wire.
+    step data on the control Redis); ``opponent`` (a two-player game's training task under the league
+    commander: the league player the task's games are against, ``main`` for the task's own
+    weights, ``main@{train_iter}`` for a snapshot, coordinator/league.py). ``task_type`` is always
+    ``"collector"`` on the wire.
     """
 
     KIND: ClassVar[str] = "collector"
@@ -209,6 +212,7 @@ class CollectorTask(_Task):
     eval_episodes: Optional[int] = None
     data_shards: Optional[int] = None
     data_shard: Optional[int] = None
+    opponent: Optional[str] = None
 
     @classmethod
     def from_dict(cls, d: Any) -> "CollectorTask":
@@ -217,7 +221,7 @@ class CollectorTask(_Task):
         c = _start(d, cls.KIND, ("task_id", "exp_name", "run_id", "buffer_id", "policy_id", "eval_flag",
                                  "collect_setting", "config"),
                    ("run_name", "envstep", "seed", "redis_url", "eval_policy_key", "eval_episodes", "data_shards",
-                    "data_shard"))
+                    "data_shard", "opponent"))
         ids = _task_ids(c)
         if not isinstance(d["eval_flag"], bool):
             raise c.bad("eval_flag", f"is {type(d['eval_flag']).__name__}, must be true or false")
@@ -236,9 +240,13 @@ class CollectorTask(_Task):
                 raise c.bad("eval_policy_key", "must be the key of an evaluated policy of this experiment")
             if not d["eval_flag"]:
                 raise c.bad("eval_policy_key", "is only for eval tasks (eval_flag true)")
+        opponent = c.key_part("opponent", required=False)
+        if opponent is not None:
+            if d["eval_flag"]:
+                raise c.bad("opponent", "is only for training tasks (eval_flag false): evals play the env's own opponent")
         return cls(**ids, eval_flag=d["eval_flag"], collect_setting=cs, envstep=c.integer("envstep"),
                    eval_policy_key=key, eval_episodes=c.integer("eval_episodes", 1, 10_001, "[1, 10000]"),
-                   **_shards(c, with_index=True))
+                   opponent=opponent, **_shards(c, with_index=True))
 
 
 @dataclass(frozen=True)

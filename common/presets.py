@@ -19,7 +19,7 @@ from pathlib import Path
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "deploy" / "configs"
 
 # The module each pip extra brings (box2d's is Box2D; the others are named as their extra).
-EXTRA_MODULE = {"box2d": "Box2D", "atari": "ale_py", "mujoco": "mujoco", "minatar": "minatar"}
+EXTRA_MODULE = {"box2d": "Box2D", "atari": "ale_py", "mujoco": "mujoco", "minatar": "minatar", "league": "pettingzoo"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ PRESETS: tuple[Preset, ...] = (
     Preset("ALE/Breakout-v5", "ppo", "breakout_ppo.py", "Atari", "atari"),
     Preset("HalfCheetah-v5", "sac", "halfcheetah_sac.py", "MuJoCo", "mujoco"),
     Preset("Hopper-v5", "sac", "hopper_sac.py", "MuJoCo", "mujoco"),
+    Preset("rqrl/ConnectFour-v0", "ppo", "connect_four_ppo.py", "two-player games", "league"),
 )
 
 

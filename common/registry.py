@@ -47,10 +47,11 @@ class Registry:
         return self.get(name)(*args, **kwargs)
 
     def _load_builtins(self) -> None:
-        importlib.import_module(_BUILTINS[self.kind])
+        for module in _BUILTINS[self.kind]:
+            importlib.import_module(module)
 
 
-_BUILTINS = {"learner": "workers.learner", "commander": "coordinator.commander"}
+_BUILTINS = {"learner": ("workers.learner",), "commander": ("coordinator.commander", "coordinator.league_commander")}
 
 LEARNER_REGISTRY = Registry("learner")
 COMMANDER_REGISTRY = Registry("commander")

@@ -170,6 +170,11 @@ def check_model(cfg: Any, spec: SpaceSpec) -> None:
                              f"(expected {want!r}); leave it unset to read it from the env")
     if spec.obs_kind == "image":
         _check_conv(model.get("conv"), spec)
+    if model.get("action_mask") and not (spec.action_kind == "discrete" and spec.obs_kind == "box"
+                                         and spec.obs_dim > spec.action_n):
+        raise SpaceError(f"config key 'policy.model.action_mask' is set but env {spec.env_id!r} has {obs_what} and "
+                         f"{act_what}: the flags of the legal actions must end a flat Box observation longer than "
+                         "the number of actions (common/games.py)")
 
 
 def _check_action_kind(cfg: Any, spec: SpaceSpec) -> None:

@@ -18,6 +18,7 @@ from common.data_shards import DataShardConfigError, resolve_urls
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
 from coordinator import runs
+from coordinator.commander import commander_class
 
 
 def _load(path: str, overrides: list[str], seed: int | None):
@@ -91,8 +92,15 @@ def _shown(path: Path) -> str:
 
 
 def _probe(cfg, preset) -> None:
-    """Env spaces against ``policy.model`` (spaces.check_model); a preset whose env cannot be
-    built names the pip extra it needs."""
+    """The commander's own checks (``BaseCommander.check_config``), then env spaces against
+    ``policy.model`` (spaces.check_model); a preset whose env cannot be built names the pip extra
+    it needs."""
+    try:
+        check = getattr(commander_class(cfg), "check_config", None)
+        if check is not None:
+            check(cfg)
+    except (KeyError, ValueError) as e:
+        raise ConfigError(str(e.args[0] if e.args else e)) from None
     try:
         spaces.check_model(cfg, spaces.probe(cfg))
     except spaces.SpaceError as e:

@@ -120,6 +120,20 @@ class BaseCommander(ABC):
     def update_learner_info(self, task_id: str, info: dict) -> None:
         """Record a learner progress report."""
 
+    @classmethod
+    def check_config(cls, cfg: EasyDict) -> None:
+        """Refuse a config this commander cannot run, before anything is launched (``rqrl train``,
+        ``--dry-run``): nothing to check here; the league commander names its keys.
+
+        Raises:
+            ValueError: naming the config key at fault.
+        """
+
+    def redis_writes(self, pipe: Any) -> None:
+        """Queue the commander's own Redis writes on ``pipe``, the MULTI pipeline that persists
+        :meth:`state_dict` and acks the events behind it (both land or neither): none by default;
+        the league commander's snapshot copies and payoff and Elo hashes."""
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """The commander's state as plain JSON values; the coordinator writes it with every
@@ -578,14 +592,23 @@ class SoloCommander(BaseCommander):
         }
 
 
-def create_commander(cfg: EasyDict, **kwargs: Any) -> BaseCommander:
-    """Build the commander named by ``cfg.create.commander.type`` (default ``solo``)."""
+def commander_class(cfg: EasyDict) -> type:
+    """The class named by ``cfg.create.commander.type`` (default ``solo``), its modules imported.
+
+    Raises:
+        KeyError: an unknown type (the known ones listed).
+    """
     from common.registry import import_names
 
     create = cfg.get("create") or {}
-    ctype = create.get("commander", {}).get("type", "solo")
     import_names(create.get("commander", {}).get("import_names", []))
-    commander = COMMANDER_REGISTRY.build(ctype, cfg, **kwargs)
+    return COMMANDER_REGISTRY.get(create.get("commander", {}).get("type", "solo"))
+
+
+def create_commander(cfg: EasyDict, **kwargs: Any) -> BaseCommander:
+    """Build the commander named by ``cfg.create.commander.type`` (default ``solo``)."""
+    ctype = (cfg.get("create") or {}).get("commander", {}).get("type", "solo")
+    commander = commander_class(cfg)(cfg, **kwargs)
     if not isinstance(commander, BaseCommander):
         raise TypeError(f"commander {ctype!r} ({type(commander).__name__}) does not subclass "
                         "coordinator.commander.BaseCommander, the contract the coordinator relies on")

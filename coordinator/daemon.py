@@ -229,6 +229,7 @@ class RunParts:
                  "failures_in_a_row": self.tasks.failures_in_a_row, "last_event_id": self.event_reader.last_id,
                  **self.exports.state_dict()}
         pipe.hset(keys.commander(self.exp), "state", json.dumps(state))
+        self.commander.redis_writes(pipe)
         self.eval_log.persist(pipe)
         return self.tasks.persist(pipe)
 

@@ -14,6 +14,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from common import events, keys, phases, streams
 from common.connection import RedisUnavailable, connect_checked, is_sentinel, primary_address, server_version
 from common.redis_memory import memory_info
+from coordinator import league
 from coordinator.progress import BUDGETS, left_text, rates_text, time_left
 from coordinator.runs import list_runs
 
@@ -166,6 +167,7 @@ def render(status: dict[str, Any]) -> str:
                              float(s.get("wall_seconds") or 0), t["env_steps_per_s"], t["train_iter_per_s"])
             lines += [f"  last minute: {rates}", f"  {left_text(budgets, left)}"]
         lines += shard_lines(s.get("data_shards"))
+        lines += league.status_lines(s.get("league"))
         lf = info.get("learner") or {}
         if "policy_lag_p50" in lf:
             mean = f"mean {lf['policy_lag_mean']:g}  " if "policy_lag_mean" in lf else ""  # older learners: none

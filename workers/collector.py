@@ -37,7 +37,7 @@ from common.messages import ChunkMeta
 from common.policy import Algorithm, algorithm_of, create_policy, export
 from common.seeding import env_seeds
 from common.sources import get_source
-from workers import live_envs
+from workers import live_envs, opponents
 from workers.comm_collector import RedisCommCollector
 from workers.envs import check_finite, episode_ends, make_vector_env, step, true_next_obs
 from workers.episode_shipper import EpisodeShipper
@@ -214,6 +214,10 @@ class Collector:
         info = finish_info(live.episodes, steps, time.time() - start, self.policy_version, self._eval)
         info["policy_envstep"] = int(self._comm.policy_envstep)
         info["cpu_s"] = round(time.process_time() - cpu0, 3)  # this process's CPU seconds while the task ran
+        if self._task.get("opponent") is not None:  # the games' results for the league's payoff table
+            sign = np.sign(live.episodes.returns)
+            info.update(opponent=self._task["opponent"], wins=int((sign > 0).sum()), draws=int((sign == 0).sum()),
+                        losses=int((sign < 0).sum()))
         if self._eval:  # what was played is what the coordinator may export
             info["confirmation"] = bool(replay_key)
             info["eval_capped"] = self.capped
@@ -267,6 +271,12 @@ class Collector:
         chunk = ChunkBuilder(1 if self._source.chunk_rows == "emitted" else int(cfg.policy.collect.n_sample))
         stats = live.episodes
         stats.new_task()
+        opponent = self._task.get("opponent")
+        if opponent is not None:  # a two-player game under the league commander
+            self._env.call("set_opponent", opponents.seat_for(live, opponent, self._policy, cfg, self._comm.conn,
+                                                              self._ns or task_namespace(self._task), setting, self._rng))
+            if live.opponent != opponent:  # the games under way were against another opponent: new ones
+                live.obs, live.opponent = None, opponent
         if live.obs is None:  # the run's first task on these envs
             obs, _ = self._env.reset(seed=env_seeds(int(self._task.get("seed", 0)), self._env_num))
             live.obs = self._spec.obs_batch(obs)

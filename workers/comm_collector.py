@@ -76,6 +76,11 @@ class RedisCommCollector:
         # The run's collect setting as the last flush read it: raw JSON bytes (None: never written).
         self.collect_setting_raw: bytes | None = None
 
+    @property
+    def conn(self) -> redis.Redis:
+        """The control connection (policies, league snapshots, events)."""
+        return self._conn
+
     # -- the seed's interface -------------------------------------------------------------
     def deal_with_collector_start(self) -> None:
         """Announce the task: a ``started`` event with the host, pid and RQ worker name running it."""

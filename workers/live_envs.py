@@ -29,6 +29,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -95,6 +96,8 @@ class LiveEnvs:
         policy_version: the version of the weights ``policy`` holds (-1: none yet).
         idle_s: seconds these envs may sit unused before :meth:`EnvCache.sweep` closes them.
         built_by: the task that built them (its finish info says it built envs).
+        opponent: the league opponent of the games under way (two-player games, workers/opponents.py).
+        opponents: snapshot policies loaded for these envs, least recently used first.
     """
 
     env: Any
@@ -106,6 +109,8 @@ class LiveEnvs:
     idle_s: float = 300.0
     built_by: str = ""
     last_used: float = field(default_factory=time.monotonic)
+    opponent: Optional[str] = None
+    opponents: OrderedDict = field(default_factory=OrderedDict)
 
     def close(self) -> None:
         """Close the vector env (and its subprocesses, for an async one); errors are logged."""

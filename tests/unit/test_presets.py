@@ -81,7 +81,7 @@ def test_the_listing_says_what_ends_each_presets_run_as_the_readme_table_does():
     assert presets.goal(presets.find("CartPole-v1")) == "stop 195, 300 s"
     readme = (REPO / "README.md").read_text()
     rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
-        r"^\| ([A-Za-z/0-9-]+-v\d) \| [^|]+ \| [^|]+ \| (-?\d+) \| ([^|]+) \|", readme, re.M)}
+        r"^\| ([A-Za-z/0-9-]+-v\d) \| [^|]+ \| [^|]+ \| (-?\d+(?:\.\d+)?) \| ([^|]+) \|", readme, re.M)}
     listed = {ln.split()[0]: ln for ln in presets.listing().splitlines()}
     assert set(rows) == {p.env_id for p in presets.PRESETS}
     for env_id, (stop, budget) in rows.items():

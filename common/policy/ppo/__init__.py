@@ -15,7 +15,10 @@ from common.policy.base import Algorithm
 
 CONFIG: dict[str, Any] = dict(
     model=dict(encoder_hidden_size_list=[64, 64, 128], actor_head_hidden_size=128, critic_head_hidden_size=128,
-               init_log_std=-0.5),
+               init_log_std=-0.5,
+               # The last action_n observation entries are legal-action flags (a two-player game
+               # of common/games.py): illegal actions are never taken (policy.py ActorCritic).
+               action_mask=False),
     learn=dict(
         epoch_per_collect=2,
         batch_size=64,  # minibatch rows

@@ -61,7 +61,12 @@ def _init(layer: nn.Module, gain: float) -> None:
 
 class ActorCritic(nn.Module):
     """Shared encoder (an MLP; conv torso + MLP for images), an actor head (logits or Gaussian mean)
-    and a critic head."""
+    and a critic head.
+
+    With ``policy.model.action_mask`` (Discrete actions, flat observations) the last ``action_n``
+    observation entries are legal-action flags (1 legal, 0 not; common/games.py) and illegal
+    actions get a logit of -1e8: probability 0, never sampled, and no share of the entropy.
+    """
 
     def __init__(self, spec: SpaceSpec, m: EasyDict) -> None:
         super().__init__()
@@ -70,6 +75,7 @@ class ActorCritic(nn.Module):
         out = spec.action_dim if self.continuous else spec.action_n
         self.actor = nn.Sequential(nets.mlp([last, m.actor_head_hidden_size]), nn.Linear(m.actor_head_hidden_size, out))
         self.critic = nn.Sequential(nets.mlp([last, m.critic_head_hidden_size]), nn.Linear(m.critic_head_hidden_size, 1))
+        self.mask_n = 0 if self.continuous or not m.get("action_mask", False) else spec.action_n
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((out,), float(m.init_log_std)))
         # Orthogonal init with a small actor output: near-uniform first policy (as CleanRL / DI-engine's ppo_param_init).
@@ -85,6 +91,8 @@ class ActorCritic(nn.Module):
         if self.continuous:
             dist: torch.distributions.Distribution = Normal(head, self.log_std.exp().expand_as(head))
         else:
+            if self.mask_n:
+                head = head.masked_fill(x[:, -self.mask_n:] < 0.5, -1e8)
             dist = Categorical(logits=head)
         return dist, self.critic(h).squeeze(-1)
 

@@ -1,0 +1,212 @@
+"""Two-player games as single-agent gymnasium envs: the learning player's seat, the opponent inside.
+
+PettingZoo's AEC games (the ``league`` extra: ``pettingzoo[classic]``) are played from one seat,
+drawn per episode from the env's seeded ``np_random``; the other seat is the *opponent*, who
+moves inside :meth:`TwoPlayerEnv.step` (and in ``reset`` when it moves first)::
+
+    obs, info = env.reset(seed=s)           the learning player to move
+    obs, reward, terminated, truncated, info = env.step(a)
+                                            a, then the opponent's replies until the learning
+                                            player is to move again or the game is over
+
+Ids registered here (:func:`register`; ``common.envs`` calls it for every ``rqrl/`` id):
+
+    rqrl/ConnectFour-v0         pettingzoo.classic.connect_four_v3 (6x7 board, Discrete(7))
+    rqrl/RockPaperScissors-v0   pettingzoo.classic.rps_v2 with max_cycles=1: a one-shot matrix
+                                game whose one Nash equilibrium is uniform (1/3 each)
+
+Observation: float32 Box(0, 1) of shape ``(F + A,)``: the game's own observation of the seat
+flattened (Connect Four's (6, 7, 2) planes: the mover's pieces, the other's) or one-hot
+(a Discrete observation), followed by the ``A`` legal-action flags (1 legal, 0 not; all 1 in a
+game without masks). A policy with ``policy.model.action_mask`` True reads the flags there.
+
+Reward: the learning player's game reward since its last move (+1 win, -1 loss, 0 draw or
+game going on); ``info["outcome"]`` is +1 / 0 / -1 at the game's end. The wrapper
+:class:`WinReward` (an eval-only wrapper: ``env.wrappers`` entry with ``eval_only=True``) makes
+an eval's mean return the win rate.
+
+Opponents (``set_opponent``, or the ``opponent`` kwarg): ``"random"`` (a uniform legal move),
+``"heuristic"`` (Connect Four: win if it can, block if it must, else a random legal move; other
+games: random), or a callable ``obs float32 (F + A,) -> action int`` (a league snapshot's
+policy, set by the collector, workers/opponents.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Optional, Union
+
+import gymnasium as gym
+import numpy as np
+
+# id -> (game name, PettingZoo module, keyword arguments of its ``env()``, the most moves one
+# seat makes in a game: Connect Four's 42 cells shared by two; registered as the id's
+# max_episode_steps, so evals know their length: it ends no game early)
+GAMES: dict[str, tuple[str, str, dict[str, Any], int]] = {
+    "rqrl/ConnectFour-v0": ("connect_four", "pettingzoo.classic.connect_four_v3", {}, 21),
+    "rqrl/RockPaperScissors-v0": ("rps", "pettingzoo.classic.rps_v2", {"max_cycles": 1}, 1),
+}
+FIXED_OPPONENTS = ("random", "heuristic")
+ENTRY_POINT = "common.games:TwoPlayerEnv"
+
+Opponent = Union[str, Callable[[np.ndarray], int]]
+
+
+class GameError(ValueError):
+    """A game that cannot be built (the ``league`` extra missing, an unknown game or opponent)."""
+
+
+def register() -> None:
+    """Register the ids of :data:`GAMES` with gymnasium (idempotent)."""
+    for env_id, (game, _, kwargs, moves) in GAMES.items():
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=ENTRY_POINT, kwargs={"game": game, **kwargs}, max_episode_steps=moves)
+
+
+def is_two_player(env_id: str) -> bool:
+    """Whether ``env_id`` is a game of this module (what the league commander plays)."""
+    register()
+    return env_id in gym.registry and gym.spec(env_id).entry_point == ENTRY_POINT
+
+
+def _connect_four_line(board: np.ndarray, row: int, col: int) -> bool:
+    """Whether the piece at (row, col) of ``board`` (bool (6, 7)) completes four in a row."""
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        run = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, col + sign * dc
+            while 0 <= r < 6 and 0 <= c < 7 and board[r, c]:
+                run += 1
+                r, c = r + sign * dr, c + sign * dc
+        if run >= 4:
+            return True
+    return False
+
+
+def connect_four_heuristic(obs: np.ndarray, rng: np.random.Generator) -> int:
+    """Win if a move wins, else block the opponent's winning move, else a random legal move.
+
+    Args:
+        obs: float32 (84 + 7,) as :class:`TwoPlayerEnv` gives it (the mover's planes first).
+    """
+    planes = obs[:84].reshape(6, 7, 2) > 0.5
+    legal = np.flatnonzero(obs[84:] > 0.5)
+    filled = planes[..., 0] | planes[..., 1]
+    for plane in (0, 1):  # own winning move first, then the opponent's to block
+        for col in legal:
+            row = int(np.flatnonzero(~filled[:, col])[-1])  # pieces fall to the lowest free row
+            board = planes[..., plane].copy()
+            board[row, col] = True
+            if _connect_four_line(board, row, col):
+                return int(col)
+    return int(rng.choice(legal))
+
+
+def random_move(obs: np.ndarray, n_actions: int, rng: np.random.Generator) -> int:
+    """A uniform legal action of ``obs`` (flags in its last ``n_actions`` entries)."""
+    return int(rng.choice(np.flatnonzero(obs[-n_actions:] > 0.5)))
+
+
+class TwoPlayerEnv(gym.Env):
+    """A PettingZoo two-player AEC game from the learning player's seat (module docstring).
+
+    Args:
+        game: a game name of :data:`GAMES` (``connect_four``, ``rps``).
+        opponent: ``"random"``, ``"heuristic"`` or a callable (module docstring); evals keep it.
+        **game_kwargs: passed to the PettingZoo module's ``env()``.
+
+    Raises:
+        GameError: pettingzoo is not installed, or an unknown game or opponent (named).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, game: str, opponent: Opponent = "heuristic", **game_kwargs: Any) -> None:
+        modules = {name: module for name, module, _, _ in GAMES.values()}
+        if game not in modules:
+            raise GameError(f"env kwarg 'game' is {game!r}; known games: {sorted(modules)}")
+        try:
+            module = importlib.import_module(modules[game])
+        except ImportError as e:
+            raise GameError(f"game {game!r} needs PettingZoo's classic games ({e}); pip install 'rqrl[league]'") from None
+        self.game = game
+        self._aec = module.env(**game_kwargs)
+        seats = self._aec.possible_agents
+        self._seats = list(seats)
+        space = self._aec.observation_space(seats[0])
+        self._masked = isinstance(space, gym.spaces.Dict)
+        inner = space["observation"] if self._masked else space
+        self._features = int(inner.n) if isinstance(inner, gym.spaces.Discrete) else int(np.prod(inner.shape))
+        self.action_space = gym.spaces.Discrete(int(self._aec.action_space(seats[0]).n))
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (self._features + int(self.action_space.n),), np.float32)
+        self._me = seats[0]
+        self.set_opponent(opponent)
+
+    def set_opponent(self, opponent: Opponent) -> None:
+        """Play the next moves of the other seat with ``opponent`` (module docstring).
+
+        Raises:
+            GameError: a name that is not one of :data:`FIXED_OPPONENTS`.
+        """
+        if isinstance(opponent, str) and opponent not in FIXED_OPPONENTS:
+            raise GameError(f"unknown opponent {opponent!r}: a fixed opponent is one of {FIXED_OPPONENTS}")
+        self._opponent = opponent
+
+    def _obs(self, seat: str) -> np.ndarray:
+        raw = self._aec.observe(seat)
+        inner = raw["observation"] if self._masked else raw
+        if self._features == np.size(inner):
+            feats = np.asarray(inner, np.float32).reshape(-1)
+        else:  # a Discrete observation, one-hot
+            feats = np.zeros(self._features, np.float32)
+            feats[int(inner)] = 1.0
+        mask = (np.asarray(raw["action_mask"], np.float32) if self._masked
+                else np.ones(int(self.action_space.n), np.float32))
+        return np.concatenate([feats, mask])
+
+    def _opponent_move(self, obs: np.ndarray) -> int:
+        if callable(self._opponent):
+            return int(self._opponent(obs))
+        if self._opponent == "heuristic" and self.game == "connect_four":
+            return connect_four_heuristic(obs, self.np_random)
+        return random_move(obs, int(self.action_space.n), self.np_random)
+
+    def _over(self) -> bool:
+        return bool(self._aec.terminations[self._me] or self._aec.truncations[self._me])
+
+    def _play_opponent(self) -> None:
+        """The opponent's moves until the learning player is to move or the game is over."""
+        while not self._over() and self._aec.agent_selection != self._me:
+            self._aec.step(self._opponent_move(self._obs(self._aec.agent_selection)))
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._aec.reset(seed=int(self.np_random.integers(2**31)))
+        self._me = self._seats[int(self.np_random.integers(2))]
+        self._play_opponent()
+        return self._obs(self._me), {"seat": self._seats.index(self._me)}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """The learning player's move and the opponent's replies. A game's end is ``terminated``
+        (a game's own move limit too, as Rock-Paper-Scissors' one cycle: nothing follows it).
+
+        Raises:
+            GameError: the game is already over (reset first).
+        """
+        if self._over():
+            raise GameError(f"game {self.game!r} is over: reset before stepping")
+        self._aec.step(int(action))
+        self._play_opponent()
+        # PettingZoo sums a seat's rewards since its own last move: the move and the replies.
+        reward = float(self._aec._cumulative_rewards[self._me])
+        over = self._over()
+        info = {"outcome": int(np.sign(reward))} if over else {}
+        return self._obs(self._me), reward, over, False, info
+
+
+class WinReward(gym.Wrapper):
+    """Reward 1.0 at the end of a won game, else 0.0: an eval's mean return is the win rate."""
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        obs, _, terminated, truncated, info = self.env.step(action)
+        return obs, float(info.get("outcome", 0) == 1), terminated, truncated, info

@@ -1,0 +1,224 @@
+"""The league: its players, the payoff table, Elo ratings and the choice of opponents.
+
+One learning player, ``main``, plays against itself (its current weights) and against frozen
+snapshots of itself, taken every ``snapshot_every`` train iterations (AlphaStar's league, Vinyals
+et al. 2019, without its exploiters; DI-engine's OneVsOneCommander plays the same game with a
+list of players). Each training collector task plays one opponent::
+
+    opponent = "main"                              with probability self_play_share (self-play)
+             = a snapshot s, with probability      w(s) / sum w    otherwise (PFSP)
+    w(s)     = (1 - p(s)) ** 2   "hard"            p(s) = (wins + draws / 2 + 1) / (games + 2):
+               p(s) * (1 - p(s))  "variance"       main's score against s, smoothed towards 1/2
+               1                  "uniform"        so an opponent never played is an even match
+
+so main mostly meets the snapshots it still loses to (prioritised fictitious self-play). The
+payoff table counts main's wins, draws and losses against each opponent; a task's games move
+both players' Elo (400-point logistic scale, ``elo_k`` per game, one game at a time at the
+task's mean score); self-play games rate nobody. A snapshot starts at main's Elo of the moment.
+
+The league is state of the commander (coordinator/league_commander.py): it is persisted with the
+commander's state, so a restarted coordinator resumes it and a task's result, acked in the same
+transaction, counts once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+MAIN = "main"
+WEIGHTINGS = ("hard", "variance", "uniform")
+
+
+class LeagueError(ValueError):
+    """A bad ``commander.league`` setting, or an opponent that is not a player (named)."""
+
+
+@dataclass
+class LeaguePlayer:
+    """A player of the league.
+
+    Attributes:
+        player_id: ``main`` or ``main@{train_iter}`` (a snapshot).
+        train_iter: the learner's train iteration when the snapshot was taken (main: 0).
+        elo: its rating (400-point logistic scale).
+        games: games rated (self-play not counted).
+        active: whether main may meet it (False: retired, its weights are gone).
+    """
+
+    player_id: str
+    train_iter: int = 0
+    elo: float = 1000.0
+    games: int = 0
+    active: bool = True
+
+
+@dataclass
+class LeagueSettings:
+    """``commander.league``: ``snapshot_every`` (train iterations, > 0), ``self_play_share`` in
+    [0, 1], ``weighting`` (one of :data:`WEIGHTINGS`), ``max_snapshots`` (the oldest beyond it
+    leave the opponent pool; 0 = all stay), ``elo_k`` (> 0), ``initial_elo``."""
+
+    snapshot_every: int = 20
+    self_play_share: float = 0.2
+    weighting: str = "hard"
+    max_snapshots: int = 0
+    elo_k: float = 16.0
+    initial_elo: float = 1000.0
+
+    @classmethod
+    def of(cls, section: Any) -> "LeagueSettings":
+        """Raises: LeagueError naming the key ``commander.league.<key>``."""
+        section = dict(section or {})
+        unknown = set(section) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise LeagueError(f"config key 'commander.league.{sorted(unknown)[0]}' is unknown; "
+                              f"known: {sorted(cls.__dataclass_fields__)}")
+        s = cls(**section)
+        checks = (("snapshot_every", int(s.snapshot_every) > 0, "must be > 0 (train iterations)"),
+                  ("self_play_share", 0.0 <= float(s.self_play_share) <= 1.0, "must be in [0, 1]"),
+                  ("weighting", s.weighting in WEIGHTINGS, f"must be one of {WEIGHTINGS}"),
+                  ("max_snapshots", int(s.max_snapshots) >= 0, "must be >= 0 (0 = keep all)"),
+                  ("elo_k", float(s.elo_k) > 0, "must be > 0"))
+        for key, ok, why in checks:
+            if not ok:
+                raise LeagueError(f"config key 'commander.league.{key}' = {getattr(s, key)!r} {why}")
+        return s
+
+
+def expected_score(elo: float, other: float) -> float:
+    """Elo's expected score of a player rated ``elo`` against one rated ``other``."""
+    return 1.0 / (1.0 + 10.0 ** ((other - elo) / 400.0))
+
+
+@dataclass
+class League:
+    """Players, payoff table and Elo (module docstring); ``state_dict`` / ``load_state_dict`` round-trip."""
+
+    settings: LeagueSettings
+    players: dict[str, LeaguePlayer] = field(default_factory=dict)
+    # opponent -> [wins, draws, losses] of main against it
+    payoff: dict[str, list[int]] = field(default_factory=dict)
+    next_snapshot: int = 0  # the train iteration at or after which the next snapshot is due
+
+    def __post_init__(self) -> None:
+        self.players.setdefault(MAIN, LeaguePlayer(MAIN, elo=float(self.settings.initial_elo)))
+        self.next_snapshot = self.next_snapshot or int(self.settings.snapshot_every)
+
+    # -- snapshots ------------------------------------------------------------------------
+    def snapshot_due(self, train_iter: int) -> Optional[str]:
+        """The id of the snapshot to take now, at ``train_iter``, or None when none is due; taking
+        it (:meth:`add_snapshot`) is the caller's, once the weights are copied."""
+        return f"{MAIN}@{train_iter}" if train_iter >= self.next_snapshot else None
+
+    def add_snapshot(self, player_id: str, train_iter: int) -> None:
+        """Add a frozen copy of main taken at ``train_iter``, rated as main is now."""
+        self.players[player_id] = LeaguePlayer(player_id, train_iter, self.players[MAIN].elo)
+        every = int(self.settings.snapshot_every)
+        self.next_snapshot = (train_iter // every + 1) * every
+
+    @property
+    def snapshots(self) -> list[str]:
+        """Snapshot ids, oldest first."""
+        return sorted((p for p in self.players if p != MAIN), key=lambda p: self.players[p].train_iter)
+
+    def pool(self) -> list[str]:
+        """The snapshots main may meet: the newest ``max_snapshots`` active ones (all when 0)."""
+        snaps = [s for s in self.snapshots if self.players[s].active]
+        keep = int(self.settings.max_snapshots)
+        return snaps[-keep:] if keep else snaps
+
+    def retire(self, player_ids: list[str]) -> None:
+        """Take snapshots out of the pool for good; their ratings and payoff rows stay."""
+        for p in player_ids:
+            self.players[p].active = False
+
+    # -- opponents ------------------------------------------------------------------------
+    def score(self, opponent: str) -> float:
+        """Main's smoothed score against ``opponent`` (module docstring), in (0, 1)."""
+        w, d, lo = self.payoff.get(opponent, [0, 0, 0])
+        return (w + d / 2 + 1) / (w + d + lo + 2)
+
+    def weights(self, pool: list[str]) -> np.ndarray:
+        """PFSP weights of ``pool`` (float64, summing to 1)."""
+        p = np.array([self.score(s) for s in pool])
+        raw = {"hard": (1 - p) ** 2, "variance": p * (1 - p), "uniform": np.ones_like(p)}[self.settings.weighting]
+        return raw / raw.sum()
+
+    def pick_opponent(self, rng: np.random.Generator) -> str:
+        """Main's opponent for a training task: itself or a snapshot by PFSP (module docstring)."""
+        pool = self.pool()
+        if not pool or rng.random() < float(self.settings.self_play_share):
+            return MAIN
+        return pool[int(rng.choice(len(pool), p=self.weights(pool)))]
+
+    # -- results --------------------------------------------------------------------------
+    def record(self, opponent: str, wins: int, draws: int, losses: int) -> None:
+        """Count main's games against ``opponent`` and move both ratings (module docstring).
+
+        Raises:
+            LeagueError: ``opponent`` is not a player, or a count is negative.
+        """
+        if opponent not in self.players:
+            raise LeagueError(f"opponent {opponent!r} is not a player of the league (players: {sorted(self.players)})")
+        if min(wins, draws, losses) < 0:
+            raise LeagueError(f"negative game counts against {opponent!r}: {wins}, {draws}, {losses}")
+        row = self.payoff.setdefault(opponent, [0, 0, 0])
+        for i, n in enumerate((wins, draws, losses)):
+            row[i] += int(n)
+        games = wins + draws + losses
+        if opponent == MAIN or games == 0:
+            return
+        me, them = self.players[MAIN], self.players[opponent]
+        mean = (wins + draws / 2) / games
+        k = float(self.settings.elo_k)
+        for _ in range(games):
+            delta = k * (mean - expected_score(me.elo, them.elo))
+            me.elo += delta
+            them.elo -= delta
+        me.games += games
+        them.games += games
+
+    def win_rate(self, opponent: str) -> Optional[float]:
+        """Main's share of games won against ``opponent``; None before a game."""
+        w, d, lo = self.payoff.get(opponent, [0, 0, 0])
+        return w / (w + d + lo) if w + d + lo else None
+
+    # -- records --------------------------------------------------------------------------
+    def table(self) -> dict[str, Any]:
+        """summary.json's ``league``: players (train_iter, Elo, games) and main's payoff rows."""
+        return {"players": {p.player_id: {"train_iter": p.train_iter, "elo": round(p.elo, 1), "games": p.games,
+                                          "active": p.active} for p in self.players.values()},
+                "payoff": {o: {"wins": r[0], "draws": r[1], "losses": r[2]} for o, r in sorted(self.payoff.items())}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"players": [asdict(p) for p in self.players.values()],
+                "payoff": {k: list(v) for k, v in self.payoff.items()}, "next_snapshot": self.next_snapshot}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.players = {p["player_id"]: LeaguePlayer(**p) for p in state["players"]}
+        self.payoff = {k: [int(x) for x in v] for k, v in state["payoff"].items()}
+        self.next_snapshot = int(state["next_snapshot"])
+
+
+def status_lines(table: Any, newest: int = 3) -> list[str]:
+    """``rqrl status``'s lines for a run's summary field ``league`` (:meth:`League.table`, or its
+    JSON as the summary hash holds it): main's Elo, the snapshots, main's record against the
+    ``newest`` ones; [] for a run without a league."""
+    import json
+
+    table = json.loads(table) if isinstance(table, str) else table
+    if not table:
+        return []
+    players, payoff = table["players"], table["payoff"]
+    snaps = sorted((p for p in players if p != MAIN), key=lambda p: players[p]["train_iter"])
+    pool = sum(1 for p in snaps if players[p].get("active", True))
+    lines = [f"  league: main Elo {players[MAIN]['elo']:.0f}, {len(snaps)} snapshots ({pool} in the pool)"]
+    for p in snaps[-newest:][::-1]:
+        row = payoff.get(p, {"wins": 0, "draws": 0, "losses": 0})
+        games = row["wins"] + row["draws"] + row["losses"]
+        record = f"main won {row['wins'] / games:.0%} of {games:,} games" if games else "not met yet"
+        lines.append(f"    vs {p:<14} Elo {players[p]['elo']:>6.0f}  {record}")
+    return lines

@@ -1,0 +1,45 @@
+"""PPO self-play on Connect Four under the league commander; needs the ``league`` extra
+(``pip install 'rqrl[league]'``: PettingZoo's classic games).
+
+- the game: PettingZoo's ``connect_four_v3`` from one seat, drawn per game (common/games.py,
+  ``rqrl/ConnectFour-v0``): reward +1 win, -1 loss, 0 draw; the observation is the board's two
+  planes (the mover's pieces, the other's) and the 7 legal-column flags, which the policy reads
+  as an action mask (``policy.model.action_mask``).
+- the league (coordinator/league.py): a snapshot of main every 10 train iterations; each
+  training task plays main itself one time in five, else a snapshot picked by PFSP ("hard":
+  the snapshots main still loses to), as AlphaStar's main agents.
+- evals: 100 games against the heuristic (win if it can, block if it must, else a random
+  column) with the win-only reward (``WinReward``, eval envs only): the eval's mean return is
+  the win rate, and ``stop_value`` 0.9 asks for 9 games in 10 (confirmed on 200 more games).
+- PPO: CleanRL's defaults for short discrete games (discount 0.99, GAE lambda 0.95, clip 0.2,
+  4 epochs, entropy 0.01), 2,048 rows per update over the collectors, minibatch 256, learning
+  rate 3e-4; a 256x256 MLP (the board is 91 numbers).
+- tasks of 4,096 moves: a task plays one opponent, so shorter tasks than the default 20,000
+  meet more of the league.
+- budget: 3 M env steps (the learning player's moves).
+"""
+
+main_config = dict(
+    exp_name="connect_four_ppo",
+    seed=0,
+    env=dict(
+        env_id="rqrl/ConnectFour-v0",
+        collector_env_num=8,
+        evaluator_env_num=10,
+        n_evaluator_episode=100,
+        stop_value=0.9,
+        wrappers=[dict(type="common.games:WinReward", eval_only=True)],
+    ),
+    policy=dict(
+        model=dict(encoder_hidden_size_list=[256, 256], actor_head_hidden_size=128, critic_head_hidden_size=128,
+                   action_mask=True),
+        learn=dict(epoch_per_collect=4, batch_size=256, learning_rate=3e-4, value_weight=0.5, entropy_weight=0.01,
+                   clip_ratio=0.2),
+        # Tasks of 4,096 moves (~2 s): each task plays one opponent, so short tasks meet more of the league.
+        collect=dict(n_sample=2048, discount_factor=0.99, gae_lambda=0.95, collector=dict(task_env_steps=4096)),
+    ),
+    commander=dict(eval_every_train_iter=10, eval_interval=0.0, confirm_eval_episodes=200, max_env_step=3_000_000,
+                   league=dict(snapshot_every=10, self_play_share=0.2, weighting="hard")),
+)
+
+create_config = dict(policy=dict(type="ppo"), commander=dict(type="league"))

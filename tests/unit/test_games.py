@@ -1,0 +1,174 @@
+"""common/games.py (two-player games as gymnasium envs), the PPO action mask and workers/opponents.py."""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from common import blobstore, envs, games, keys, serialization, spaces
+from common.config import compile_config
+from common.messages import CollectorTask, MessageError
+from common.policy import create_policy
+from workers.opponents import OpponentError, load_snapshot, seat_for
+
+pytest.importorskip("pettingzoo")
+games.register()
+
+
+def board(mine=(), theirs=()) -> np.ndarray:
+    """An observation of Connect Four: pieces at (row, col), row 5 the bottom; legal flags follow."""
+    planes = np.zeros((6, 7, 2), np.float32)
+    for plane, cells in ((0, mine), (1, theirs)):
+        for r, c in cells:
+            planes[r, c, plane] = 1
+    legal = (planes.sum(-1)[0] == 0).astype(np.float32)
+    return np.concatenate([planes.reshape(-1), legal])
+
+
+def test_the_heuristic_wins_when_it_can_and_blocks_when_it_must():
+    rng = np.random.default_rng(0)
+    # Three of its own in the bottom row (cols 0-2): col 3 wins, though the other threatens col 6.
+    win = board(mine=[(5, 0), (5, 1), (5, 2)], theirs=[(4, 6), (3, 6), (2, 6)])
+    assert games.connect_four_heuristic(win, rng) == 3
+    block = board(mine=[(5, 0)], theirs=[(5, 6), (4, 6), (3, 6)])
+    assert games.connect_four_heuristic(block, rng) == 6
+    # A diagonal (5,0)-(4,1)-(3,2) that (2,3) completes: a win comes before the block at (5,4).
+    diagonal = board(mine=[(5, 0), (4, 1), (3, 2), (4, 3)], theirs=[(5, 1), (5, 2), (4, 2), (5, 3), (3, 3)])
+    assert games.connect_four_heuristic(diagonal, rng) == 3
+
+
+def test_connect_four_plays_from_either_seat_with_masks_and_outcomes():
+    env = gym.make("rqrl/ConnectFour-v0", opponent="random")
+    assert env.observation_space.shape == (91,) and env.action_space.n == 7
+    seats, outcomes = set(), []
+    rng = np.random.default_rng(1)
+    for ep in range(40):
+        obs, info = env.reset(seed=ep)
+        seats.add(info["seat"])
+        pieces_at_start = obs[:84].sum()
+        assert pieces_at_start == info["seat"]  # the second seat sees the opponent's first piece
+        done = False
+        while not done:
+            legal = np.flatnonzero(obs[84:])
+            obs, reward, terminated, truncated, info = env.step(rng.choice(legal))
+            done = terminated or truncated
+        assert terminated and info["outcome"] == reward and reward in (-1, 0, 1)
+        outcomes.append(info["outcome"])
+    assert seats == {0, 1} and {-1, 1} <= set(outcomes)
+    with pytest.raises(games.GameError, match="is over"):
+        env.unwrapped.step(0)
+
+
+def test_a_full_column_is_masked():
+    # Both fill column 0 (alternate pieces: nobody wins there); the opponent then the next legal one.
+    env = games.TwoPlayerEnv("connect_four", opponent=lambda obs: int(np.flatnonzero(obs[84:])[0]))
+    obs, info = env.reset(seed=0)
+    while obs[84] == 1:
+        obs, *_ = env.step(0)
+    assert obs[84] == 0 and obs[85:].all()
+
+
+def test_rock_paper_scissors_hides_the_first_move_and_pays_the_winner():
+    env = gym.make("rqrl/RockPaperScissors-v0")
+    env.unwrapped.set_opponent(lambda obs: 0)  # always rock
+    for seed in range(8):
+        obs, info = env.reset(seed=seed)
+        assert obs.tolist() == [0, 0, 0, 1, 1, 1, 1]  # "no move yet", whichever seat moves first
+        _, reward, terminated, _, info = env.step(1)  # paper
+        assert (reward, terminated, info["outcome"]) == (1.0, True, 1)
+
+
+def test_fixed_opponents_are_named_and_a_bad_one_is_refused():
+    with pytest.raises(games.GameError, match="unknown opponent 'expert'"):
+        games.TwoPlayerEnv("connect_four", opponent="expert")
+    with pytest.raises(games.GameError, match="known games"):
+        games.TwoPlayerEnv("chess")
+    assert games.is_two_player("rqrl/ConnectFour-v0") and not games.is_two_player("CartPole-v1")
+
+
+def test_win_reward_applies_to_eval_envs_only():
+    cfg = compile_config({"env": {"env_id": "rqrl/RockPaperScissors-v0",
+                                  "wrappers": [{"type": "common.games:WinReward", "eval_only": True}]}})
+    names = lambda train: [type(w(gym.make("CartPole-v1"))).__name__ for w in envs.wrappers(cfg.env, train)]
+    assert names(False) == ["WinReward"] and names(True) == []
+    env = envs.make(cfg.env, train=False)
+    env.unwrapped.set_opponent(lambda obs: 1)  # paper beats the learner's rock: a loss pays 0, not -1
+    env.reset(seed=0)
+    assert env.step(0)[1] == 0.0
+    bad = copy.deepcopy(cfg.env)
+    bad.wrappers = [{"type": "common.games:WinReward", "eval_only": True, "train_only": True}]
+    with pytest.raises(envs.EnvConfigError, match="at most one of the two flags"):
+        envs.check(bad)
+
+
+def ppo_cfg(mask: bool):
+    cfg = compile_config({"exp_name": "c4", "env": {"env_id": "rqrl/ConnectFour-v0"},
+                          "policy": {"model": {"action_mask": mask}}}, {"policy": {"type": "ppo"}})
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    return cfg, spec
+
+
+def test_the_ppo_policy_never_picks_a_masked_action_and_gives_it_no_probability():
+    cfg, spec = ppo_cfg(True)
+    torch.manual_seed(0)
+    policy = create_policy(cfg, spec, device="cpu")
+    obs = np.stack([board(mine=[(r, 3) for r in range(0, 6, 2)], theirs=[(r, 3) for r in range(1, 6, 2)])] * 256)
+    assert obs[0, 84 + 3] == 0  # column 3 is full
+    with torch.no_grad():
+        policy.model.actor[-1].bias[3] = 50.0  # the net wants column 3 above all
+    actions, record = policy.act(obs, {}, np.random.default_rng(0))
+    assert 3 not in actions and np.isfinite(record["logp"]).all()
+    assert 3 not in policy.act_eval(obs, np.random.default_rng(0))
+    unmasked = create_policy(ppo_cfg(False)[0], spec, device="cpu")
+    unmasked.set_weights(policy.get_weights())
+    assert (unmasked.act_eval(obs, np.random.default_rng(0)) == 3).all()  # what the mask prevents
+
+
+def test_an_action_mask_needs_flags_at_the_end_of_a_flat_observation():
+    cfg = compile_config({"env": {"env_id": "MountainCar-v0"}, "policy": {"model": {"action_mask": True}}},
+                         {"policy": {"type": "ppo"}})
+    with pytest.raises(spaces.SpaceError, match="policy.model.action_mask"):
+        spaces.check_model(cfg, spaces.probe(cfg))
+
+
+class Live:
+    def __init__(self, spec) -> None:
+        from collections import OrderedDict
+
+        self.spec, self.opponents = spec, OrderedDict()
+
+
+def test_a_snapshot_opponent_is_loaded_once_and_bad_ones_are_named(fake_redis):
+    cfg, spec = ppo_cfg(True)
+    policy = create_policy(cfg, spec, modes=("collect",), device="cpu")
+    ns = keys.namespace("c4", "r1")
+    key = keys.league_snapshot(ns, "main@10")
+    blobstore.put_versioned(fake_redis, key, serialization.dumps(policy.get_weights()), 10)
+    assert load_snapshot(fake_redis, ns, "main@10")[0] == 10
+    live = Live(spec)
+    seat = seat_for(live, "main@10", policy, cfg, fake_redis, ns, {}, np.random.default_rng(0))
+    assert seat.policy is not policy and 0 <= seat(board()) < 7
+    fake_redis.delete(key)  # kept: not read again
+    assert seat_for(live, "main@10", policy, cfg, fake_redis, ns, {}, np.random.default_rng(0)).policy is seat.policy
+    assert seat_for(live, "main", policy, cfg, fake_redis, ns, {}, np.random.default_rng(0)).policy is policy
+    with pytest.raises(OpponentError, match=r"opponent 'main@20' does not exist: no league snapshot at .*main@20"):
+        seat_for(live, "main@20", policy, cfg, fake_redis, ns, {}, np.random.default_rng(0))
+    fake_redis.hset(keys.league_snapshot(ns, "main@30"), mapping={"version": 30, "nbytes": 5, "n_chunks": 1,
+                                                                  "chunk:0": b"\xc1junk"})
+    with pytest.raises(OpponentError, match=r"opponent 'main@30': league snapshot .*main@30 is unreadable"):
+        load_snapshot(fake_redis, ns, "main@30")
+
+
+def test_a_collector_task_names_its_opponent_only_when_training():
+    base = dict(task_type="collector", task_id="t1", exp_name="c4", run_id="r", buffer_id="b", policy_id="p",
+                collect_setting={}, config={})
+    assert CollectorTask.from_dict({**base, "eval_flag": False, "opponent": "main@10"}).opponent == "main@10"
+    with pytest.raises(MessageError, match="'opponent'.*only for training tasks"):
+        CollectorTask.from_dict({**base, "eval_flag": True, "opponent": "main@10"})
+    with pytest.raises(MessageError, match="'opponent'"):
+        CollectorTask.from_dict({**base, "eval_flag": False, "opponent": "a:b"})

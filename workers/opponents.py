@@ -1,0 +1,100 @@
+"""League opponents on the collector: who plays the other seat of a two-player game's envs.
+
+A training task of the league commander names its ``opponent`` (common/messages.py
+``CollectorTask``): ``main`` is the task's own policy (self-play: it acts with the weights the
+task holds, refreshed with them), any other id a frozen snapshot, read once from its versioned
+blob (``rqrl:{exp}:league:snapshot:{player_id}``, common/keys.py) into a policy of its own and
+kept (a snapshot never changes) among the worker's last :data:`KEPT` per run. The envs get it
+through ``set_opponent`` (common/games.py), called on every env of the vector env::
+
+    seat = opponents.seat_for(live, task["opponent"], own_policy, cfg, conn, ns, setting, rng)
+    env.call("set_opponent", seat)         # seat(obs float32 (F + A,)) -> action int
+
+The opponent acts as a collector of its version does (``Policy.act`` with the task's collect
+setting: sampled, so a snapshot is a mixed strategy, as in fictitious play).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import redis
+
+from common import blobstore, keys, serialization
+from common.finite import NonFiniteError, check_arrays
+from common.policy import Policy, create_policy
+
+KEPT = 8  # snapshot policies a worker keeps per run (each a copy of the model)
+SELF = "main"
+
+
+class OpponentError(RuntimeError):
+    """A task's opponent cannot play: no such snapshot, or its blob is unreadable (one line, naming both)."""
+
+
+def load_snapshot(conn: redis.Redis, ns: str, player_id: str) -> tuple[int, dict[str, np.ndarray]]:
+    """``(version, weights)`` of the snapshot ``player_id`` of run ``ns``.
+
+    Raises:
+        OpponentError: the snapshot does not exist, or its blob is corrupt or holds NaN / inf.
+    """
+    key = keys.league_snapshot(ns, player_id)
+    try:
+        got = blobstore.get_versioned(conn, key)
+        if got is None:
+            raise OpponentError(f"opponent {player_id!r} does not exist: no league snapshot at {key}")
+        meta, payload = got
+        weights = serialization.loads(payload, what=key)
+        check_arrays(weights, key)
+        return int(meta["version"]), weights
+    except (blobstore.BlobError, serialization.DecodeError, NonFiniteError, redis.ResponseError,
+            KeyError, ValueError, TypeError) as e:
+        raise OpponentError(f"opponent {player_id!r}: league snapshot {key} is unreadable "
+                            f"({type(e).__name__}: {e})") from None
+
+
+class Seat:
+    """The opponent's seat: ``policy`` acting on one observation at a time.
+
+    Args:
+        policy: a collect-mode policy (the task's own, or a snapshot's).
+        spec: the env's spaces (common/spaces.py), for the stored form of observations.
+        setting: the task's collect setting (the dict the task keeps current).
+        rng: the task's generator (the policy's exploration draws from it).
+    """
+
+    def __init__(self, policy: Policy, spec: Any, setting: dict[str, Any], rng: np.random.Generator) -> None:
+        self.policy, self._spec, self._setting, self._rng = policy, spec, setting, rng
+
+    def __call__(self, obs: np.ndarray) -> int:
+        action, _ = self.policy.act(self._spec.obs_batch(np.asarray(obs)[None]), self._setting, self._rng)
+        return int(np.asarray(action).reshape(-1)[0])
+
+
+def seat_for(live: Any, player_id: str, own: Policy, cfg: Any, conn: redis.Redis, ns: str,
+             setting: dict[str, Any], rng: np.random.Generator) -> Seat:
+    """The seat for ``player_id``: ``own`` for ``main``, else the snapshot's policy (loaded once
+    per worker and run, the last :data:`KEPT` kept in ``live.opponents``).
+
+    Raises:
+        OpponentError: see :func:`load_snapshot`; also weights that do not fit the model.
+    """
+    if player_id == SELF:
+        return Seat(own, live.spec, setting, rng)
+    kept: OrderedDict[str, Policy] = live.opponents
+    policy = kept.get(player_id)
+    if policy is None:
+        _, weights = load_snapshot(conn, ns, player_id)
+        policy = create_policy(cfg, live.spec, modes=("collect",), device="cpu")
+        try:
+            policy.set_weights(weights)
+        except ValueError as e:
+            raise OpponentError(f"opponent {player_id!r}: league snapshot {keys.league_snapshot(ns, player_id)} "
+                                f"does not fit the model ({e})") from None
+        kept[player_id] = policy
+        while len(kept) > KEPT:
+            kept.popitem(last=False)
+    kept.move_to_end(player_id)
+    return Seat(policy, live.spec, setting, rng)
