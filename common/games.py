@@ -107,6 +107,16 @@ def random_move(obs: np.ndarray, n_actions: int, rng: np.random.Generator) -> in
     return int(rng.choice(np.flatnonzero(obs[-n_actions:] > 0.5)))
 
 
+def board_text(obs: np.ndarray, game: str) -> str:
+    """The position of ``obs`` as text for a terminal: Connect Four's board with the mover's
+    pieces ``X``, the other's ``O`` and the column numbers below; other games: the legal moves."""
+    if game != "connect_four":
+        return f"legal moves: {np.flatnonzero(obs[-3:] > 0.5).tolist()}"
+    planes = obs[:84].reshape(6, 7, 2) > 0.5
+    rows = ["".join("X" if planes[r, c, 0] else "O" if planes[r, c, 1] else "." for c in range(7)) for r in range(6)]
+    return "\n".join([*(" ".join(row) for row in rows), " ".join(str(c) for c in range(7))])
+
+
 class TwoPlayerEnv(gym.Env):
     """A PettingZoo two-player AEC game from the learning player's seat (module docstring).
 
@@ -140,6 +150,7 @@ class TwoPlayerEnv(gym.Env):
         self.action_space = gym.spaces.Discrete(int(self._aec.action_space(seats[0]).n))
         self.observation_space = gym.spaces.Box(0.0, 1.0, (self._features + int(self.action_space.n),), np.float32)
         self._me = seats[0]
+        self._forfeit = False
         self.set_opponent(opponent)
 
     def set_opponent(self, opponent: Opponent) -> None:
@@ -175,14 +186,20 @@ class TwoPlayerEnv(gym.Env):
         return bool(self._aec.terminations[self._me] or self._aec.truncations[self._me])
 
     def _play_opponent(self) -> None:
-        """The opponent's moves until the learning player is to move or the game is over."""
+        """The opponent's moves until the learning player is to move or the game is over. An
+        illegal move forfeits the game: the learning player wins it (PettingZoo scores it 0 for
+        the player who did not move)."""
         while not self._over() and self._aec.agent_selection != self._me:
-            self._aec.step(self._opponent_move(self._obs(self._aec.agent_selection)))
+            obs = self._obs(self._aec.agent_selection)
+            move = self._opponent_move(obs)
+            self._forfeit = obs[-int(self.action_space.n):][move] < 0.5
+            self._aec.step(move)
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         self._aec.reset(seed=int(self.np_random.integers(2**31)))
         self._me = self._seats[int(self.np_random.integers(2))]
+        self._forfeit = False
         self._play_opponent()
         return self._obs(self._me), {"seat": self._seats.index(self._me)}
 
@@ -198,7 +215,7 @@ class TwoPlayerEnv(gym.Env):
         self._aec.step(int(action))
         self._play_opponent()
         # PettingZoo sums a seat's rewards since its own last move: the move and the replies.
-        reward = float(self._aec._cumulative_rewards[self._me])
+        reward = 1.0 if self._forfeit else float(self._aec._cumulative_rewards[self._me])
         over = self._over()
         info = {"outcome": int(np.sign(reward))} if over else {}
         return self._obs(self._me), reward, over, False, info

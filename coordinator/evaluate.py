@@ -13,6 +13,11 @@ Usage::
 
     rqrl eval <exp_name>/latest/final.pt --episodes 10
     rqrl eval <exp_name>/<run_name>/final.pt --video episode.gif
+    rqrl eval connect_four_ppo/latest/final.pt --opponent random|heuristic|human|OTHER.pt
+
+``--opponent`` (two-player games, common/games.py) seats another player: a fixed one, another
+saved policy (acting as its evals do), or you (``human``: the board in the terminal, your
+column from the keyboard); the default is the env's own (Connect Four's heuristic).
 
 Heavy imports (torch, gymnasium) happen inside the functions, so building the ``rqrl`` parser
 stays fast.
@@ -213,8 +218,58 @@ def _make_env(env_cfg: Any, render: bool) -> Any:
                         f"env.wrappers): {_first_line(e)}") from None
 
 
+def _seat_opponent(env: Any, opponent: str, cfg: Any, spec: Any, seed: int) -> None:
+    """Seat ``opponent`` (``--opponent``) in the two-player game ``env``.
+
+    Raises:
+        EvalError: a single-player env, or an opponent file that cannot play this game.
+    """
+    import numpy as np
+
+    from common import games
+
+    game = env.unwrapped
+    if not isinstance(game, games.TwoPlayerEnv):
+        raise EvalError(f"--opponent is for two-player games (common/games.py); env {cfg.env.env_id!r} has one player")
+    if opponent in games.FIXED_OPPONENTS:
+        game.set_opponent(opponent)
+    elif opponent == "human":
+        game.set_opponent(lambda obs: _human_move(obs, game.game))
+    else:
+        saved = load_saved(opponent)
+        other_cfg, other_spec = _config_and_spec(opponent, saved, cfg, (), [])
+        if other_spec != spec:
+            raise EvalError(f"--opponent {opponent}: its policy plays spaces {other_spec.to_dict()}, not this game's")
+        other = _eval_policy(opponent, other_cfg, other_spec, saved)
+        rng = np.random.default_rng(seed + 1)
+        game.set_opponent(lambda obs: int(other.act_eval(spec.obs_batch(np.asarray(obs)[None]), rng)[0]))
+
+
+def _human_move(obs: Any, game: str) -> int:
+    """Show the position and read a legal move from stdin (again until it is one).
+
+    Raises:
+        EvalError: stdin closed.
+    """
+    import numpy as np
+
+    from common.games import board_text
+
+    legal = np.flatnonzero(np.asarray(obs)[-7 if game == "connect_four" else -3:] > 0.5).tolist()
+    print(board_text(np.asarray(obs), game), flush=True)
+    while True:
+        try:
+            answer = input(f"your move as X, a column of {legal}: ")
+        except EOFError:
+            raise EvalError("--opponent human: stdin closed before a move") from None
+        if answer.strip().isdigit() and int(answer) in legal:
+            return int(answer)
+        print(f"not a legal move: {answer.strip()!r}", flush=True)
+
+
 def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[int] = None, seed: Optional[int] = None,
-                        video: str | Path | None = None, video_episodes: int = 1, overrides: tuple[str, ...] = ()) -> EvalResult:
+                        video: str | Path | None = None, video_episodes: int = 1, overrides: tuple[str, ...] = (),
+                        opponent: Optional[str] = None) -> EvalResult:
     """Play ``episodes`` episodes with the policy saved in ``path``, acting as the run's evals do.
 
     Args:
@@ -228,6 +283,7 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
             ``numpy.random.default_rng(seed)``, so a result is reproducible; default ``cfg.seed``.
         video: a ``.gif`` or ``.mp4`` path; the first ``video_episodes`` episodes are filmed.
         overrides: ``KEY=VALUE`` config overrides applied last.
+        opponent: a two-player game's other seat (module docstring); None: the env's own.
 
     Raises:
         EvalError: see :func:`load_saved`; a policy that does not fit the env, env and video problems.
@@ -246,6 +302,8 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
     policy = _eval_policy(str(path), cfg, spec, saved)
     env = _make_env(cfg.env, render=video_path is not None)
     try:
+        if opponent is not None:
+            _seat_opponent(env, opponent, cfg, spec, seed)
         writer: Optional[_VideoWriter] = None
         if video_path is not None:
             video_path.parent.mkdir(parents=True, exist_ok=True)
@@ -379,6 +437,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video", default=None, metavar="OUT.gif|OUT.mp4",
                    help="film the first episode(s): .gif with Pillow; .mp4 needs imageio[ffmpeg] or moviepy")
     p.add_argument("--video-episodes", type=int, default=1, help="how many episodes to film (default 1)")
+    p.add_argument("--opponent", default=None, metavar="random|heuristic|human|OTHER.pt",
+                   help="two-player games: who plays the other seat (default: the env's own, Connect Four's heuristic); "
+                        "human: you, in the terminal")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -396,7 +457,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(1)  # one observation at a time: threads only add overhead
         result = evaluate_checkpoint(args.checkpoint, cfg, args.episodes, args.seed, args.video, args.video_episodes,
-                                     tuple(args.overrides))
+                                     tuple(args.overrides), args.opponent)
     except (EvalError, ConfigError) as e:
         print(f"rqrl eval: error: {e}", file=sys.stderr)
         return 1

@@ -30,6 +30,7 @@ import numpy as np
 
 MAIN = "main"
 WEIGHTINGS = ("hard", "variance", "uniform")
+OPPONENT_ACTS = ("sample", "eval")  # an opponent's moves: as its collectors act, or as its evals
 
 
 class LeagueError(ValueError):
@@ -59,7 +60,8 @@ class LeaguePlayer:
 class LeagueSettings:
     """``commander.league``: ``snapshot_every`` (train iterations, > 0), ``self_play_share`` in
     [0, 1], ``weighting`` (one of :data:`WEIGHTINGS`), ``max_snapshots`` (the oldest beyond it
-    leave the opponent pool; 0 = all stay), ``elo_k`` (> 0), ``initial_elo``."""
+    leave the opponent pool; 0 = all stay), ``elo_k`` (> 0), ``initial_elo``, ``opponent_acts``
+    (one of :data:`OPPONENT_ACTS`: how the collector's opponent seat plays, workers/opponents.py)."""
 
     snapshot_every: int = 20
     self_play_share: float = 0.2
@@ -67,6 +69,7 @@ class LeagueSettings:
     max_snapshots: int = 0
     elo_k: float = 16.0
     initial_elo: float = 1000.0
+    opponent_acts: str = "sample"
 
     @classmethod
     def of(cls, section: Any) -> "LeagueSettings":
@@ -77,11 +80,17 @@ class LeagueSettings:
             raise LeagueError(f"config key 'commander.league.{sorted(unknown)[0]}' is unknown; "
                               f"known: {sorted(cls.__dataclass_fields__)}")
         s = cls(**section)
-        checks = (("snapshot_every", int(s.snapshot_every) > 0, "must be > 0 (train iterations)"),
-                  ("self_play_share", 0.0 <= float(s.self_play_share) <= 1.0, "must be in [0, 1]"),
+        number = lambda v, kind: isinstance(v, kind) and not isinstance(v, bool)  # noqa: E731
+        checks = (("snapshot_every", number(s.snapshot_every, int) and s.snapshot_every > 0,
+                   "must be an int > 0 (train iterations)"),
+                  ("self_play_share", number(s.self_play_share, (int, float)) and 0 <= s.self_play_share <= 1,
+                   "must be a number in [0, 1]"),
                   ("weighting", s.weighting in WEIGHTINGS, f"must be one of {WEIGHTINGS}"),
-                  ("max_snapshots", int(s.max_snapshots) >= 0, "must be >= 0 (0 = keep all)"),
-                  ("elo_k", float(s.elo_k) > 0, "must be > 0"))
+                  ("max_snapshots", number(s.max_snapshots, int) and s.max_snapshots >= 0,
+                   "must be an int >= 0 (0 = keep all)"),
+                  ("elo_k", number(s.elo_k, (int, float)) and s.elo_k > 0, "must be a number > 0"),
+                  ("initial_elo", number(s.initial_elo, (int, float)), "must be a number"),
+                  ("opponent_acts", s.opponent_acts in OPPONENT_ACTS, f"must be one of {OPPONENT_ACTS}"))
         for key, ok, why in checks:
             if not ok:
                 raise LeagueError(f"config key 'commander.league.{key}' = {getattr(s, key)!r} {why}")

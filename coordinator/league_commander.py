@@ -32,6 +32,10 @@ from common.registry import COMMANDER_REGISTRY
 from coordinator.commander import Player, SoloCommander
 from coordinator.league import MAIN, League, LeagueError, LeagueSettings
 
+# Failed tasks in a row against one snapshot (no success between) that retire it: its blob is
+# missing or unreadable (each failure's error names it) or it breaks the envs; never main.
+RETIRE_AFTER = 2
+
 
 @COMMANDER_REGISTRY.register("league")
 class LeagueCommander(SoloCommander):
@@ -61,6 +65,8 @@ class LeagueCommander(SoloCommander):
         super().__init__(cfg, **kwargs)
         self._opponents: dict[str, str] = {}  # running training task -> its opponent
         self._copies: list[tuple[str, str]] = []  # (snapshot id, policy id) to copy at the next persist
+        self._deletes: list[str] = []  # snapshots out of the pool: their blobs go at the next persist
+        self._failures: dict[str, int] = {}  # snapshot -> failed tasks against it in a row
         self._mirror_due = True  # the payoff / Elo hashes differ from the league
 
     # ------------------------------------------------------------------ tasks
@@ -78,6 +84,7 @@ class LeagueCommander(SoloCommander):
         opponent = self._opponents.pop(task_id, None)
         converged = super().finish_collector_task(task_id, finished_task)
         if opponent is not None:
+            self._failures.pop(opponent, None)
             counts = [int(finished_task.get(k, 0)) for k in ("wins", "draws", "losses")]
             try:
                 self.league.record(opponent, *counts)
@@ -90,8 +97,24 @@ class LeagueCommander(SoloCommander):
         return converged
 
     def notify_fail_collector_task(self, task: dict) -> None:
-        self._opponents.pop(task.get("task_id", ""), None)
+        """The solo commander's; a snapshot that :data:`RETIRE_AFTER` tasks in a row failed against
+        leaves the pool (its blob is deleted)."""
+        opponent = self._opponents.pop(task.get("task_id", ""), None)
         super().notify_fail_collector_task(task)
+        if opponent is None or opponent == MAIN or not self.league.players[opponent].active:
+            return
+        failed = self._failures[opponent] = self._failures.get(opponent, 0) + 1
+        if failed >= RETIRE_AFTER:
+            self._drop([opponent])
+            if self._logger is not None:
+                self._logger.error("league: snapshot %s retired: %d tasks against it failed in a row (their errors "
+                                   "say why)", opponent, failed)
+
+    def _drop(self, snapshots: list[str]) -> None:
+        """Retire ``snapshots`` and delete their blobs at the next persist."""
+        self.league.retire(snapshots)
+        self._deletes.extend(snapshots)
+        self._mirror_due = True
 
     def update_learner_info(self, task_id: str, info: dict) -> None:
         """The solo commander's; a snapshot of main when one is due (module docstring)."""
@@ -99,8 +122,11 @@ class LeagueCommander(SoloCommander):
         policy_id = self._state.current_policy_id
         snapshot = self.league.snapshot_due(self.train_iter)
         if snapshot is not None and policy_id and snapshot not in self.league.players:
+            before = self.league.pool()
             self.league.add_snapshot(snapshot, self.train_iter)
             self._copies.append((snapshot, policy_id))
+            # Beyond commander.league.max_snapshots the oldest leaves the pool for good: its blob goes.
+            self._drop(sorted(set(before) - set(self.league.pool())))
             self._mirror_due = True
             if self._logger is not None:
                 self._logger.info("league: snapshot %s of policy %s (Elo %.0f)", snapshot, policy_id,
@@ -117,10 +143,14 @@ class LeagueCommander(SoloCommander):
 
     # ------------------------------------------------------------------ persistence
     def redis_writes(self, pipe: Any) -> None:
-        """Snapshot copies decided since the last persist, and the payoff / Elo hashes when changed."""
+        """Snapshot copies and deletions decided since the last persist, and the payoff / Elo hashes
+        when changed."""
         for snapshot, policy_id in self._copies:
             pipe.copy(keys.policy(self._ns, policy_id), keys.league_snapshot(self._ns, snapshot), replace=True)
+        if self._deletes:
+            pipe.delete(*(keys.league_snapshot(self._ns, s) for s in self._deletes))
         self._copies.clear()
+        self._deletes.clear()
         if not self._mirror_due:
             return
         table = self.league.table()
@@ -132,11 +162,13 @@ class LeagueCommander(SoloCommander):
         self._mirror_due = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "league": self.league.state_dict(), "league_tasks": dict(self._opponents)}
+        return {**super().state_dict(), "league": self.league.state_dict(), "league_tasks": dict(self._opponents),
+                "league_failures": dict(self._failures)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         state = dict(state)
         league, running = state.pop("league", None), state.pop("league_tasks", {})
+        self._failures = dict(state.pop("league_failures", {}))
         super().load_state_dict(state)
         if league is not None:
             self.league.load_state_dict(league)

@@ -11,7 +11,8 @@ through ``set_opponent`` (common/games.py), called on every env of the vector en
     env.call("set_opponent", seat)         # seat(obs float32 (F + A,)) -> action int
 
 The opponent acts as a collector of its version does (``Policy.act`` with the task's collect
-setting: sampled, so a snapshot is a mixed strategy, as in fictitious play).
+setting: sampled, so a snapshot is a mixed strategy, as in fictitious play), or with
+``commander.league.opponent_acts="eval"`` as an eval does (``Policy.act_eval``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def load_snapshot(conn: redis.Redis, ns: str, player_id: str) -> tuple[int, dict
             raise OpponentError(f"opponent {player_id!r} does not exist: no league snapshot at {key}")
         meta, payload = got
         weights = serialization.loads(payload, what=key)
+        if not isinstance(weights, dict):
+            raise TypeError(f"holds a {type(weights).__name__}, not a dict of weight arrays")
         check_arrays(weights, key)
         return int(meta["version"]), weights
     except (blobstore.BlobError, serialization.DecodeError, NonFiniteError, redis.ResponseError,
@@ -63,13 +66,19 @@ class Seat:
         spec: the env's spaces (common/spaces.py), for the stored form of observations.
         setting: the task's collect setting (the dict the task keeps current).
         rng: the task's generator (the policy's exploration draws from it).
+        as_eval: act as an eval does (``Policy.act_eval``: PPO's most likely action) instead.
     """
 
-    def __init__(self, policy: Policy, spec: Any, setting: dict[str, Any], rng: np.random.Generator) -> None:
-        self.policy, self._spec, self._setting, self._rng = policy, spec, setting, rng
+    def __init__(self, policy: Policy, spec: Any, setting: dict[str, Any], rng: np.random.Generator,
+                 as_eval: bool = False) -> None:
+        self.policy, self._spec, self._setting, self._rng, self._as_eval = policy, spec, setting, rng, as_eval
 
     def __call__(self, obs: np.ndarray) -> int:
-        action, _ = self.policy.act(self._spec.obs_batch(np.asarray(obs)[None]), self._setting, self._rng)
+        batch = self._spec.obs_batch(np.asarray(obs)[None])
+        if self._as_eval:
+            action = self.policy.act_eval(batch, self._rng)
+        else:
+            action, _ = self.policy.act(batch, self._setting, self._rng)
         return int(np.asarray(action).reshape(-1)[0])
 
 
@@ -81,8 +90,9 @@ def seat_for(live: Any, player_id: str, own: Policy, cfg: Any, conn: redis.Redis
     Raises:
         OpponentError: see :func:`load_snapshot`; also weights that do not fit the model.
     """
+    as_eval = cfg.commander.league.opponent_acts == "eval"
     if player_id == SELF:
-        return Seat(own, live.spec, setting, rng)
+        return Seat(own, live.spec, setting, rng, as_eval)
     kept: OrderedDict[str, Policy] = live.opponents
     policy = kept.get(player_id)
     if policy is None:
@@ -90,11 +100,11 @@ def seat_for(live: Any, player_id: str, own: Policy, cfg: Any, conn: redis.Redis
         policy = create_policy(cfg, live.spec, modes=("collect",), device="cpu")
         try:
             policy.set_weights(weights)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise OpponentError(f"opponent {player_id!r}: league snapshot {keys.league_snapshot(ns, player_id)} "
                                 f"does not fit the model ({e})") from None
         kept[player_id] = policy
         while len(kept) > KEPT:
             kept.popitem(last=False)
     kept.move_to_end(player_id)
-    return Seat(policy, live.spec, setting, rng)
+    return Seat(policy, live.spec, setting, rng, as_eval)

@@ -72,6 +72,19 @@ def test_a_full_column_is_masked():
     assert obs[84] == 0 and obs[85:].all()
 
 
+def test_an_illegal_opponent_move_forfeits_the_game():
+    """PettingZoo scores it 0 for the other player; the learning player wins it (+1, outcome 1)."""
+    env = games.TwoPlayerEnv("connect_four", opponent=lambda obs: 0)  # column 0 even when it is full
+    results = set()
+    for seed in range(6):
+        obs, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            obs, reward, done, _, step_info = env.step(0 if obs[84] else 1)
+        results.add((info["seat"], reward, step_info["outcome"]))
+    assert (1, 1.0, 1) in results  # second seat: the opponent fills column 0 first, then plays it full
+
+
 def test_rock_paper_scissors_hides_the_first_move_and_pays_the_winner():
     env = gym.make("rqrl/RockPaperScissors-v0")
     env.unwrapped.set_opponent(lambda obs: 0)  # always rock
@@ -162,6 +175,9 @@ def test_a_snapshot_opponent_is_loaded_once_and_bad_ones_are_named(fake_redis):
                                                                   "chunk:0": b"\xc1junk"})
     with pytest.raises(OpponentError, match=r"opponent 'main@30': league snapshot .*main@30 is unreadable"):
         load_snapshot(fake_redis, ns, "main@30")
+    blobstore.put_versioned(fake_redis, keys.league_snapshot(ns, "main@40"), serialization.dumps([1, 2, 3]), 40)
+    with pytest.raises(OpponentError, match=r"main@40 is unreadable .*holds a list"):
+        seat_for(live, "main@40", policy, cfg, fake_redis, ns, {}, np.random.default_rng(0))
 
 
 def test_a_collector_task_names_its_opponent_only_when_training():
@@ -172,3 +188,57 @@ def test_a_collector_task_names_its_opponent_only_when_training():
         CollectorTask.from_dict({**base, "eval_flag": True, "opponent": "main@10"})
     with pytest.raises(MessageError, match="'opponent'"):
         CollectorTask.from_dict({**base, "eval_flag": False, "opponent": "a:b"})
+
+
+@pytest.fixture
+def c4_final_pt(tmp_path):
+    """An untrained Connect Four PPO final.pt (masked: it only plays legal columns)."""
+    import torch
+
+    from common.policy import export
+
+    cfg, spec = ppo_cfg(True)
+    cfg.env.wrappers = [{"type": "common.games:WinReward", "eval_only": True}]
+    torch.manual_seed(0)
+    path = tmp_path / "final.pt"
+    torch.save(export.bundle(create_policy(cfg, spec, device="cpu"), train_iter=3), path)
+    return path
+
+
+def test_rqrl_eval_plays_a_chosen_opponent(c4_final_pt, capsys):
+    from coordinator import evaluate
+
+    random = evaluate.evaluate_checkpoint(c4_final_pt, episodes=60, seed=0, opponent="random")
+    heuristic = evaluate.evaluate_checkpoint(c4_final_pt, episodes=60, seed=0)  # the env's own: the heuristic
+    assert set(random.returns) <= {0.0, 1.0} and random.mean > heuristic.mean + 0.2
+    itself = evaluate.evaluate_checkpoint(c4_final_pt, episodes=20, seed=0, opponent=str(c4_final_pt))
+    assert 0.0 < itself.mean < 1.0  # an even match: the seat decides
+
+
+def test_rqrl_eval_against_a_human_reads_moves_from_the_terminal(c4_final_pt, monkeypatch, capsys):
+    from coordinator import evaluate
+
+    moves = iter(["9", "abc"] + ["0", "1", "2", "3", "4", "5", "6"] * 6)
+    monkeypatch.setattr("builtins.input", lambda prompt: next(moves))
+    result = evaluate.evaluate_checkpoint(c4_final_pt, episodes=1, seed=0, opponent="human")
+    out = capsys.readouterr().out
+    assert "0 1 2 3 4 5 6" in out and "not a legal move: '9'" in out and "not a legal move: 'abc'" in out
+    assert len(result.returns) == 1
+    monkeypatch.setattr("builtins.input", lambda prompt: (_ for _ in ()).throw(EOFError()))
+    with pytest.raises(evaluate.EvalError, match="stdin closed"):
+        evaluate.evaluate_checkpoint(c4_final_pt, episodes=1, seed=0, opponent="human")
+
+
+def test_rqrl_eval_refuses_an_opponent_in_a_single_player_env(c4_final_pt, tmp_path):
+    import torch
+
+    from common.policy import export
+    from coordinator import evaluate
+
+    cfg = compile_config({"env": {"env_id": "CartPole-v1"}}, {"policy": {"type": "ppo"}})
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    path = tmp_path / "cartpole.pt"
+    torch.save(export.bundle(create_policy(cfg, spec, device="cpu"), train_iter=1), path)
+    with pytest.raises(evaluate.EvalError, match="--opponent is for two-player games"):
+        evaluate.evaluate_checkpoint(path, episodes=1, opponent="random")

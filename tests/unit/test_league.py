@@ -125,7 +125,9 @@ def test_state_round_trips_through_json():
 @pytest.mark.parametrize("section, key", [({"snapshot_every": 0}, "snapshot_every"),
                                           ({"self_play_share": 1.5}, "self_play_share"),
                                           ({"weighting": "soft"}, "weighting"),
-                                          ({"max_snapshot": 3}, "max_snapshot")])
+                                          ({"max_snapshot": 3}, "max_snapshot"),
+                                          ({"initial_elo": "abc"}, "initial_elo"),
+                                          ({"snapshot_every": None}, "snapshot_every")])
 def test_bad_settings_name_the_key(section, key):
     with pytest.raises(LeagueError, match=f"commander.league.{key}"):
         LeagueSettings.of(section)
@@ -194,3 +196,30 @@ def test_the_league_commander_refuses_a_single_player_env_and_async_envs():
     cfg.env.manager.type = "async"
     with pytest.raises(LeagueError, match="env.manager.type"):
         create_commander(cfg)
+
+
+def test_a_snapshot_that_tasks_keep_failing_against_is_retired_and_its_blob_deleted():
+    cm = create_commander(league_cfg(self_play_share=0.0), run_id="r")
+    learner = cm.get_learner_task()
+    cm.update_learner_info(learner["task_id"], {"train_iter": 5, "consumed_env_steps": 100})
+    cm.redis_writes(Pipe())
+    snapshot_key = keys.league_snapshot(keys.namespace("c4"), "main@5")
+    for _ in range(2):  # e.g. its blob is corrupt: each task fails naming it
+        task = cm.get_collector_task()
+        assert task["opponent"] == "main@5"
+        cm.notify_fail_collector_task(task)
+    assert cm.league.pool() == [] and cm.get_collector_task()["opponent"] == MAIN
+    pipe = Pipe()
+    cm.redis_writes(pipe)
+    assert ("delete", (snapshot_key,), {}) in pipe.calls
+
+
+def test_snapshots_beyond_max_snapshots_leave_the_pool_and_redis():
+    cm = create_commander(league_cfg(max_snapshots=2), run_id="r")
+    learner = cm.get_learner_task()
+    for it in (5, 10, 15):
+        cm.update_learner_info(learner["task_id"], {"train_iter": it, "consumed_env_steps": 100 * it})
+    pipe = Pipe()
+    cm.redis_writes(pipe)
+    assert cm.league.pool() == ["main@10", "main@15"]
+    assert ("delete", (keys.league_snapshot(keys.namespace("c4"), "main@5"),), {}) in pipe.calls
