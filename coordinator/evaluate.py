@@ -218,8 +218,9 @@ def _make_env(env_cfg: Any, render: bool) -> Any:
                         f"env.wrappers): {_first_line(e)}") from None
 
 
-def _seat_opponent(env: Any, opponent: str, cfg: Any, spec: Any, seed: int) -> None:
-    """Seat ``opponent`` (``--opponent``) in the two-player game ``env``.
+def _seat_opponent(env: Any, opponent: str, cfg: Any, spec: Any, seed: int) -> Any:
+    """Seat ``opponent`` (``--opponent``) in the two-player game ``env``; returns ``env`` wrapped
+    to count the games' outcomes (and, for ``human``, to show each game's end).
 
     Raises:
         EvalError: a single-player env, or an opponent file that cannot play this game.
@@ -237,16 +238,21 @@ def _seat_opponent(env: Any, opponent: str, cfg: Any, spec: Any, seed: int) -> N
         game.set_opponent(lambda obs: _human_move(obs, game.game))
     else:
         saved = load_saved(opponent)
-        other_cfg, other_spec = _config_and_spec(opponent, saved, cfg, (), [])
-        if other_spec != spec:
-            raise EvalError(f"--opponent {opponent}: its policy plays spaces {other_spec.to_dict()}, not this game's")
+        trained_on = (saved.config or {}).get("env", {}).get("env_id", "?")
+        try:
+            other_cfg, other_spec = _config_and_spec(opponent, saved, cfg, (), [])
+        except EvalError:
+            other_spec = None
+        if other_spec != spec or trained_on not in (cfg.env.env_id, "?"):
+            raise EvalError(f"--opponent {opponent}: its policy was trained on {trained_on!r}, not on {cfg.env.env_id!r}")
         other = _eval_policy(opponent, other_cfg, other_spec, saved)
         rng = np.random.default_rng(seed + 1)
         game.set_opponent(lambda obs: int(other.act_eval(spec.obs_batch(np.asarray(obs)[None]), rng)[0]))
+    return _Outcomes(env, game.game if opponent == "human" else "")
 
 
 def _human_move(obs: Any, game: str) -> int:
-    """Show the position and read a legal move from stdin (again until it is one).
+    """Show the position (you are X) and read a legal move from stdin (again until it is one).
 
     Raises:
         EvalError: stdin closed.
@@ -260,11 +266,47 @@ def _human_move(obs: Any, game: str) -> int:
     while True:
         try:
             answer = input(f"your move as X, a column of {legal}: ")
-        except EOFError:
+        except (EOFError, RuntimeError):  # RuntimeError: no sys.stdin at all (<&-)
             raise EvalError("--opponent human: stdin closed before a move") from None
         if answer.strip().isdigit() and int(answer) in legal:
             return int(answer)
         print(f"not a legal move: {answer.strip()!r}", flush=True)
+
+
+class _Outcomes:
+    """``env`` counting each game's outcome for the policy (``info["outcome"]``: +1 / 0 / -1);
+    with ``show`` (a game's name: you play it) the last position and the result of each game."""
+
+    def __init__(self, env: Any, show: str) -> None:
+        self.env, self._show = env, show
+        self.counts = {1: 0, 0: 0, -1: 0}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def step(self, action: Any) -> tuple:
+        out = self.env.step(action)
+        info = out[4]
+        if "outcome" in info:
+            self.counts[int(info["outcome"])] += 1
+            if self._show:
+                import numpy as np
+
+                from common.games import board_text
+
+                obs = np.asarray(out[0], np.float32)
+                if self._show == "connect_four":  # your pieces as X: the policy's are the first plane
+                    obs = np.concatenate([obs[:84].reshape(6, 7, 2)[..., ::-1].reshape(-1), obs[84:]])
+                verdict = {1: "the policy won", 0: "a draw", -1: "you won"}[int(info["outcome"])]
+                print(f"{board_text(obs, self._show)}\ngame over: {verdict}", flush=True)
+        return out
+
+    def note(self, opponent: str) -> str:
+        n = sum(self.counts.values())
+        if self._show:
+            return f"you won {self.counts[-1]}, drew {self.counts[0]} and lost {self.counts[1]} of {n} games"
+        return (f"the policy won {self.counts[1]}, drew {self.counts[0]} and lost {self.counts[-1]} of {n} games "
+                f"against {opponent}")
 
 
 def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[int] = None, seed: Optional[int] = None,
@@ -302,13 +344,19 @@ def evaluate_checkpoint(path: str | Path, cfg: Any = None, episodes: Optional[in
     policy = _eval_policy(str(path), cfg, spec, saved)
     env = _make_env(cfg.env, render=video_path is not None)
     try:
-        if opponent is not None:
-            _seat_opponent(env, opponent, cfg, spec, seed)
+        counted = _seat_opponent(env, opponent, cfg, spec, seed) if opponent is not None else None
         writer: Optional[_VideoWriter] = None
         if video_path is not None:
             video_path.parent.mkdir(parents=True, exist_ok=True)
             writer = _VideoWriter(video_path, backend, (env.metadata or {}).get("render_fps") or 30)
-        returns, lengths = _play(env, policy, cfg, spec, episodes, seed, writer, video_episodes, notes)
+        try:
+            returns, lengths = _play(counted or env, policy, cfg, spec, episodes, seed, writer, video_episodes, notes)
+        except EvalError:
+            if counted is not None and sum(counted.counts.values()):  # the games played before it
+                print(f"note: {counted.note(opponent)}", file=sys.stderr, flush=True)
+            raise
+        if counted is not None:
+            notes.append(counted.note(opponent))
         frames = 0
         if writer is not None:
             frames = writer.count

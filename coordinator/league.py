@@ -196,10 +196,13 @@ class League:
         return w / (w + d + lo) if w + d + lo else None
 
     # -- records --------------------------------------------------------------------------
-    def table(self) -> dict[str, Any]:
-        """summary.json's ``league``: players (train_iter, Elo, games) and main's payoff rows."""
-        return {"players": {p.player_id: {"train_iter": p.train_iter, "elo": round(p.elo, 1), "games": p.games,
-                                          "active": p.active} for p in self.players.values()},
+    def table(self, train_iter: int = 0) -> dict[str, Any]:
+        """summary.json's ``league``: players (the train iteration a snapshot was taken at, main's
+        ``train_iter`` now; Elo; ``rated_games``, self-play not counted; ``active``) and main's
+        payoff rows (its self-play games under ``main``)."""
+        return {"players": {p.player_id: {"train_iter": train_iter if p.player_id == MAIN else p.train_iter,
+                                          "elo": round(p.elo, 1), "rated_games": p.games, "active": p.active}
+                            for p in self.players.values()},
                 "payoff": {o: {"wins": r[0], "draws": r[1], "losses": r[2]} for o, r in sorted(self.payoff.items())}}
 
     def state_dict(self) -> dict[str, Any]:
@@ -214,8 +217,8 @@ class League:
 
 def status_lines(table: Any, newest: int = 3) -> list[str]:
     """``rqrl status``'s lines for a run's summary field ``league`` (:meth:`League.table`, or its
-    JSON as the summary hash holds it): main's Elo, the snapshots, main's record against the
-    ``newest`` ones; [] for a run without a league."""
+    JSON as the summary hash holds it): main's Elo, the snapshots, main's record against itself
+    (self-play) and the ``newest`` snapshots; [] for a run without a league."""
     import json
 
     table = json.loads(table) if isinstance(table, str) else table
@@ -225,9 +228,10 @@ def status_lines(table: Any, newest: int = 3) -> list[str]:
     snaps = sorted((p for p in players if p != MAIN), key=lambda p: players[p]["train_iter"])
     pool = sum(1 for p in snaps if players[p].get("active", True))
     lines = [f"  league: main Elo {players[MAIN]['elo']:.0f}, {len(snaps)} snapshots ({pool} in the pool)"]
-    for p in snaps[-newest:][::-1]:
+    for p in [MAIN, *snaps[-newest:][::-1]]:
         row = payoff.get(p, {"wins": 0, "draws": 0, "losses": 0})
         games = row["wins"] + row["draws"] + row["losses"]
         record = f"main won {row['wins'] / games:.0%} of {games:,} games" if games else "not met yet"
-        lines.append(f"    vs {p:<14} Elo {players[p]['elo']:>6.0f}  {record}")
+        name = "itself" if p == MAIN else p
+        lines.append(f"    vs {name:<14} Elo {players[p]['elo']:>6.0f}  {record}")
     return lines

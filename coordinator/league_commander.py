@@ -194,4 +194,4 @@ class LeagueCommander(SoloCommander):
         return main + [Player(s, "", "", "", role="snapshot") for s in league.snapshots]
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "league": self.league.table()}
+        return {**super().summary(), "league": self.league.table(self.train_iter)}

@@ -79,6 +79,11 @@ PLAN: tuple[Planned, ...] = (
                  "budget): what fits this machine beside the classic-control sweeps",
             reference="the MinAtar paper's DQN has a training return of about 4 by 0.1 M frames and about 10 by 1 M "
                       "(Young & Tian 2019, figure 2); random play scores about 0.4"),
+    Planned("MinAtar/Breakout-v1", "impala", seeds="0-2", collectors=3, overrides=("commander.max_env_step=1000000",),
+            note="a fifth of the preset's 5,000,000 (the MinAtar paper's budget): issue 32's 1 M env steps",
+            reference="no published actor-critic curve was found in the sources searchable here; the MinAtar paper's "
+                      "DQN has a training return of about 10 by 1 M frames (Young & Tian 2019, figure 2); random "
+                      "play scores about 0.4"),
     Planned("rqrl/ConnectFour-v0", "ppo", seeds="0-2", collectors=3, overrides=("commander.max_env_step=1000000",),
             note="a third of the preset's 3,000,000 env steps: three self-play leagues at once on two cores",
             reference="the return is the win rate against the heuristic (win if it can, block if it must); a random "

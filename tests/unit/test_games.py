@@ -209,6 +209,9 @@ def test_rqrl_eval_plays_a_chosen_opponent(c4_final_pt, capsys):
     from coordinator import evaluate
 
     random = evaluate.evaluate_checkpoint(c4_final_pt, episodes=60, seed=0, opponent="random")
+    wins = round(random.mean * 60)
+    assert any(n.startswith(f"the policy won {wins}, drew ") and n.endswith("of 60 games against random")
+               for n in random.notes)
     heuristic = evaluate.evaluate_checkpoint(c4_final_pt, episodes=60, seed=0)  # the env's own: the heuristic
     assert set(random.returns) <= {0.0, 1.0} and random.mean > heuristic.mean + 0.2
     itself = evaluate.evaluate_checkpoint(c4_final_pt, episodes=20, seed=0, opponent=str(c4_final_pt))
@@ -223,10 +226,12 @@ def test_rqrl_eval_against_a_human_reads_moves_from_the_terminal(c4_final_pt, mo
     result = evaluate.evaluate_checkpoint(c4_final_pt, episodes=1, seed=0, opponent="human")
     out = capsys.readouterr().out
     assert "0 1 2 3 4 5 6" in out and "not a legal move: '9'" in out and "not a legal move: 'abc'" in out
-    assert len(result.returns) == 1
-    monkeypatch.setattr("builtins.input", lambda prompt: (_ for _ in ()).throw(EOFError()))
-    with pytest.raises(evaluate.EvalError, match="stdin closed"):
-        evaluate.evaluate_checkpoint(c4_final_pt, episodes=1, seed=0, opponent="human")
+    assert len(result.returns) == 1 and "game over: " in out
+    assert any(n.startswith("you won ") and n.endswith(" of 1 games") for n in result.notes)
+    for closed in (EOFError(), RuntimeError("input(): lost sys.stdin")):  # </dev/null, <&-
+        monkeypatch.setattr("builtins.input", lambda prompt, e=closed: (_ for _ in ()).throw(e))
+        with pytest.raises(evaluate.EvalError, match="stdin closed"):
+            evaluate.evaluate_checkpoint(c4_final_pt, episodes=1, seed=0, opponent="human")
 
 
 def test_rqrl_eval_refuses_an_opponent_in_a_single_player_env(c4_final_pt, tmp_path):
@@ -242,3 +247,6 @@ def test_rqrl_eval_refuses_an_opponent_in_a_single_player_env(c4_final_pt, tmp_p
     torch.save(export.bundle(create_policy(cfg, spec, device="cpu"), train_iter=1), path)
     with pytest.raises(evaluate.EvalError, match="--opponent is for two-player games"):
         evaluate.evaluate_checkpoint(path, episodes=1, opponent="random")
+    with pytest.raises(evaluate.EvalError, match=r"--opponent .*cartpole.pt: its policy was trained on 'CartPole-v1', "
+                                                 r"not on 'rqrl/ConnectFour-v0'$"):
+        evaluate.evaluate_checkpoint(c4_final_pt, episodes=1, opponent=str(path))

@@ -12,7 +12,7 @@ from easydict import EasyDict
 from common import keys
 from common.config import compile_config
 from coordinator.commander import create_commander
-from coordinator.league import MAIN, League, LeagueError, LeagueSettings, expected_score
+from coordinator.league import MAIN, League, LeagueError, LeagueSettings, expected_score, status_lines
 
 
 # Rock-Paper-Scissors: PAY[a, b] is the row player's payoff (paper beats rock, ...); its one
@@ -176,7 +176,11 @@ def test_the_league_commander_hands_out_opponents_takes_snapshots_and_counts_res
                                                  "env_steps": 100, "real_episode_count": 10, "wins": 7, "draws": 1,
                                                  "losses": 2})
     assert cm.league.payoff["main@5"] == [7, 1, 2]
-    assert cm.summary()["league"]["players"]["main"]["elo"] > 1000
+    table = cm.summary()["league"]
+    assert table["players"]["main"]["elo"] > 1000 and table["players"]["main"]["train_iter"] == 5
+    lines = status_lines(json.dumps(table))
+    assert lines[0] == f"  league: main Elo {table['players']['main']['elo']:.0f}, 1 snapshots (1 in the pool)", lines
+    assert "vs itself" in lines[1] and "not met yet" in lines[1] and "main won 70% of 10 games" in lines[2]
     assert [p.player_id for p in cm.players()] == ["main", "main@5"]
     # A restarted coordinator adopts the state: the running first task's opponent and the league.
     again = create_commander(league_cfg(self_play_share=0.0), run_id="r")
