@@ -107,13 +107,15 @@ def random_move(obs: np.ndarray, n_actions: int, rng: np.random.Generator) -> in
     return int(rng.choice(np.flatnonzero(obs[-n_actions:] > 0.5)))
 
 
-def board_text(obs: np.ndarray, game: str) -> str:
-    """The position of ``obs`` as text for a terminal: Connect Four's board with the mover's
-    pieces ``X``, the other's ``O`` and the column numbers below; other games: the legal moves."""
+def board_text(obs: np.ndarray, game: str, n_actions: int, mover_first: bool = True) -> str:
+    """The position of ``obs`` (flags in its last ``n_actions`` entries) as text for a terminal:
+    Connect Four's board with the mover's pieces ``X`` (the other's with ``mover_first`` False),
+    the other player's ``O`` and the column numbers below; other games: the legal moves."""
     if game != "connect_four":
-        return f"legal moves: {np.flatnonzero(obs[-3:] > 0.5).tolist()}"
+        return f"legal moves: {np.flatnonzero(obs[-n_actions:] > 0.5).tolist()}"
     planes = obs[:84].reshape(6, 7, 2) > 0.5
-    rows = ["".join("X" if planes[r, c, 0] else "O" if planes[r, c, 1] else "." for c in range(7)) for r in range(6)]
+    x, o = (0, 1) if mover_first else (1, 0)
+    rows = ["".join("X" if planes[r, c, x] else "O" if planes[r, c, o] else "." for c in range(7)) for r in range(6)]
     return "\n".join([*(" ".join(row) for row in rows), " ".join(str(c) for c in range(7))])
 
 
@@ -146,7 +148,8 @@ class TwoPlayerEnv(gym.Env):
         space = self._aec.observation_space(seats[0])
         self._masked = isinstance(space, gym.spaces.Dict)
         inner = space["observation"] if self._masked else space
-        self._features = int(inner.n) if isinstance(inner, gym.spaces.Discrete) else int(np.prod(inner.shape))
+        self._one_hot = isinstance(inner, gym.spaces.Discrete)
+        self._features = int(inner.n) if self._one_hot else int(np.prod(inner.shape))
         self.action_space = gym.spaces.Discrete(int(self._aec.action_space(seats[0]).n))
         self.observation_space = gym.spaces.Box(0.0, 1.0, (self._features + int(self.action_space.n),), np.float32)
         self._me = seats[0]
@@ -166,11 +169,11 @@ class TwoPlayerEnv(gym.Env):
     def _obs(self, seat: str) -> np.ndarray:
         raw = self._aec.observe(seat)
         inner = raw["observation"] if self._masked else raw
-        if self._features == np.size(inner):
-            feats = np.asarray(inner, np.float32).reshape(-1)
-        else:  # a Discrete observation, one-hot
+        if self._one_hot:
             feats = np.zeros(self._features, np.float32)
             feats[int(inner)] = 1.0
+        else:
+            feats = np.asarray(inner, np.float32).reshape(-1)
         mask = (np.asarray(raw["action_mask"], np.float32) if self._masked
                 else np.ones(int(self.action_space.n), np.float32))
         return np.concatenate([feats, mask])

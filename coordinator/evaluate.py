@@ -235,7 +235,7 @@ def _seat_opponent(env: Any, opponent: str, cfg: Any, spec: Any, seed: int) -> A
     if opponent in games.FIXED_OPPONENTS:
         game.set_opponent(opponent)
     elif opponent == "human":
-        game.set_opponent(lambda obs: _human_move(obs, game.game))
+        game.set_opponent(lambda obs: _human_move(obs, game.game, int(game.action_space.n)))
     else:
         saved = load_saved(opponent)
         trained_on = (saved.config or {}).get("env", {}).get("env_id", "?")
@@ -248,10 +248,10 @@ def _seat_opponent(env: Any, opponent: str, cfg: Any, spec: Any, seed: int) -> A
         other = _eval_policy(opponent, other_cfg, other_spec, saved)
         rng = np.random.default_rng(seed + 1)
         game.set_opponent(lambda obs: int(other.act_eval(spec.obs_batch(np.asarray(obs)[None]), rng)[0]))
-    return _Outcomes(env, game.game if opponent == "human" else "")
+    return _Outcomes(env, game.game if opponent == "human" else "", int(game.action_space.n))
 
 
-def _human_move(obs: Any, game: str) -> int:
+def _human_move(obs: Any, game: str, n_actions: int) -> int:
     """Show the position (you are X) and read a legal move from stdin (again until it is one).
 
     Raises:
@@ -261,8 +261,8 @@ def _human_move(obs: Any, game: str) -> int:
 
     from common.games import board_text
 
-    legal = np.flatnonzero(np.asarray(obs)[-7 if game == "connect_four" else -3:] > 0.5).tolist()
-    print(board_text(np.asarray(obs), game), flush=True)
+    legal = np.flatnonzero(np.asarray(obs)[-n_actions:] > 0.5).tolist()
+    print(board_text(np.asarray(obs), game, n_actions), flush=True)
     while True:
         try:
             answer = input(f"your move as X, a column of {legal}: ")
@@ -277,8 +277,8 @@ class _Outcomes:
     """``env`` counting each game's outcome for the policy (``info["outcome"]``: +1 / 0 / -1);
     with ``show`` (a game's name: you play it) the last position and the result of each game."""
 
-    def __init__(self, env: Any, show: str) -> None:
-        self.env, self._show = env, show
+    def __init__(self, env: Any, show: str, n_actions: int) -> None:
+        self.env, self._show, self._n_actions = env, show, n_actions
         self.counts = {1: 0, 0: 0, -1: 0}
 
     def __getattr__(self, name: str) -> Any:
@@ -294,11 +294,10 @@ class _Outcomes:
 
                 from common.games import board_text
 
-                obs = np.asarray(out[0], np.float32)
-                if self._show == "connect_four":  # your pieces as X: the policy's are the first plane
-                    obs = np.concatenate([obs[:84].reshape(6, 7, 2)[..., ::-1].reshape(-1), obs[84:]])
+                # The policy's view: your pieces, X, are the other player's.
+                board = board_text(np.asarray(out[0]), self._show, self._n_actions, mover_first=False)
                 verdict = {1: "the policy won", 0: "a draw", -1: "you won"}[int(info["outcome"])]
-                print(f"{board_text(obs, self._show)}\ngame over: {verdict}", flush=True)
+                print(f"{board}\ngame over: {verdict}", flush=True)
         return out
 
     def note(self, opponent: str) -> str:

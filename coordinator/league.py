@@ -23,6 +23,7 @@ transaction, counts once.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -219,8 +220,6 @@ def status_lines(table: Any, newest: int = 3) -> list[str]:
     """``rqrl status``'s lines for a run's summary field ``league`` (:meth:`League.table`, or its
     JSON as the summary hash holds it): main's Elo, the snapshots, main's record against itself
     (self-play) and the ``newest`` snapshots; [] for a run without a league."""
-    import json
-
     table = json.loads(table) if isinstance(table, str) else table
     if not table:
         return []

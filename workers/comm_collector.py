@@ -35,6 +35,25 @@ from workers.task import task_namespace
 log = logging.getLogger(__name__)
 
 
+# What reading published weights (a policy, a league snapshot) can raise: a missing chunk or a
+# wrong key type, a payload that is not msgpack or not a dict of arrays, NaN / inf in them.
+WEIGHT_ERRORS = (blobstore.BlobError, serialization.DecodeError, NonFiniteError, redis.ResponseError, KeyError,
+                 ValueError, TypeError)
+
+
+def decode_weights(payload: bytes, what: str) -> dict[str, np.ndarray]:
+    """The weight arrays of a versioned blob's ``payload`` (``what``: its key and version, for errors).
+
+    Raises:
+        one of :data:`WEIGHT_ERRORS`: not msgpack, not a dict of arrays, or non-finite values.
+    """
+    weights = serialization.loads(payload, what=what)
+    if not isinstance(weights, dict):
+        raise TypeError(f"{what} holds a {type(weights).__name__}, not a dict of weight arrays")
+    check_arrays(weights, what)
+    return weights
+
+
 def _worker_name() -> str:
     """The RQ worker running this task ("" outside RQ)."""
     from rq import get_current_job
@@ -231,11 +250,9 @@ class RedisCommCollector:
             version = int(meta["version"])
             if self.policy_version is not None and version == self.policy_version:
                 return None
-            weights = serialization.loads(payload, what=self._policy_key)
-            check_arrays(weights, f"{self._policy_key} version {version}")
+            weights = decode_weights(payload, f"{self._policy_key} version {version}")
             return version, float(meta.get("ts", 0.0)), weights, int(meta.get("envstep", 0))
-        except (blobstore.BlobError, serialization.DecodeError, NonFiniteError, redis.ResponseError,
-                KeyError, ValueError, TypeError) as e:
+        except WEIGHT_ERRORS as e:
             self._policy_unreadable(f"{type(e).__name__}: {e}", raw)
             return None
 

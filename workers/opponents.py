@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import redis
 
-from common import blobstore, keys, serialization
-from common.finite import NonFiniteError, check_arrays
+from common import blobstore, keys
 from common.policy import Policy, create_policy
+from workers.comm_collector import WEIGHT_ERRORS, decode_weights
 
 KEPT = 8  # snapshot policies a worker keeps per run (each a copy of the model)
 SELF = "main"
@@ -47,13 +47,8 @@ def load_snapshot(conn: redis.Redis, ns: str, player_id: str) -> tuple[int, dict
         if got is None:
             raise OpponentError(f"opponent {player_id!r} does not exist: no league snapshot at {key}")
         meta, payload = got
-        weights = serialization.loads(payload, what=key)
-        if not isinstance(weights, dict):
-            raise TypeError(f"holds a {type(weights).__name__}, not a dict of weight arrays")
-        check_arrays(weights, key)
-        return int(meta["version"]), weights
-    except (blobstore.BlobError, serialization.DecodeError, NonFiniteError, redis.ResponseError,
-            KeyError, ValueError, TypeError) as e:
+        return int(meta["version"]), decode_weights(payload, key)
+    except WEIGHT_ERRORS as e:
         raise OpponentError(f"opponent {player_id!r}: league snapshot {key} is unreadable "
                             f"({type(e).__name__}: {e})") from None
 
