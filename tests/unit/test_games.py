@@ -250,3 +250,14 @@ def test_rqrl_eval_refuses_an_opponent_in_a_single_player_env(c4_final_pt, tmp_p
     with pytest.raises(evaluate.EvalError, match=r"--opponent .*cartpole.pt: its policy was trained on 'CartPole-v1', "
                                                  r"not on 'rqrl/ConnectFour-v0'$"):
         evaluate.evaluate_checkpoint(c4_final_pt, episodes=1, opponent=str(path))
+
+
+def test_a_policy_blob_that_is_not_a_dict_of_weights_is_skipped_as_unreadable(fake_redis):
+    """It used to pass the finite check and fail the task in set_weights with a traceback."""
+    from workers.comm_collector import RedisCommCollector
+
+    task = {"task_id": "t1", "exp_name": "c4", "run_name": "r1", "policy_id": "p1", "buffer_id": "b1"}
+    ns = keys.namespace("c4", "r1")
+    blobstore.put_versioned(fake_redis, keys.policy(ns, "p1"), serialization.dumps([1, 2, 3]), 4)
+    comm = RedisCommCollector(fake_redis, task, data_ttl_s=60)
+    assert comm.get_policy_update_info() is None and comm.policy_errors == 1
