@@ -49,7 +49,7 @@ from common import events, keys, spaces
 from common.config import is_deterministic
 from common.data_shards import task_stores
 from common.device import pick_device
-from common.finite import check_train_step
+from common.finite import StepCheck
 from common.logs import ShippedScalars, build_logger, build_tb_writer, close_logger, shipped_logger
 from common.messages import LearnerTask
 from common.policy import Policy, create_policy, export
@@ -108,6 +108,7 @@ class BaseLearner:
         self._learner_done = False
         self._priority_info: dict[str, Any] = {}
         self.get_data: Callable[[], Optional[dict[str, np.ndarray]]] = lambda: None
+        self._step_check: Optional[StepCheck] = None
         if policy is not None:
             self.policy = policy
 
@@ -136,7 +137,9 @@ class BaseLearner:
         log_vars = self._policy.learn(data)
         priority = log_vars.pop("priority", None)
         self._priority_info = {"priority": priority} if priority is not None else {}
-        check_train_step(self._policy, log_vars, self._train_iter + 1)
+        if self._step_check is None:  # built at the first iteration: after a learner group's attach
+            self._step_check = StepCheck(self._policy)
+        self._step_check(log_vars, self._train_iter + 1)
         self._log_buffer["scalar"]["train_time"].append(time.perf_counter() - t0)
         for k, v in log_vars.items():
             self._log_buffer["scalar"][k].append(float(v))
@@ -263,6 +266,7 @@ class BaseLearner:
     @policy.setter
     def policy(self, policy: Policy) -> None:
         self._policy = policy
+        self._step_check = None
         if self._cfg.log_policy:
             self.info(f"policy: {type(policy).__name__} on {policy.device}")
 

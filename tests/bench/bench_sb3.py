@@ -21,6 +21,11 @@ background teardown of ``rqrl train`` included, divided by the env-step budget.
   5.65 CPU s per 1k env steps on MountainCar, much of it in threads waiting for each other).
 
 Issue 34's goal: rqrl's median last eval >= SB3's; issue 35's: rqrl's CPU s per 1k env steps <= SB3's.
+Each rqrl run also prints its learner process's share of the CPU (summary.json ``learner_cpu_s``;
+the rest is the collectors, evals, coordinator, Redis and start-up) and the learner's scheduler
+and data waits. After the runs, the learner task's loop is timed against the bare in-process loop
+on each preset (tests/bench/bench_learner_loop.py; ``--loop-repeats 0`` skips it): issue 35's
+"learner train iters/s ÷ the in-process loop's", without the CPU the other processes take.
 """
 
 from __future__ import annotations
@@ -122,6 +127,8 @@ def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool
     scored = [e for e in evals if e.get("reward_mean") is not None]
     out.update(envstep=summary["envstep"], train_iter=summary["train_iter"], learner_cpu_s=summary.get("learner_cpu_s"),
                learner_train_iter_per_sec=summary.get("learner_train_iter_per_sec"),
+               learner_sched_wait_share=summary.get("learner_sched_wait_share"),
+               learner_wait_share=summary.get("learner_wait_share"),
                last_eval=scored[-1]["reward_mean"] if scored else None,
                last_eval_envstep=scored[-1].get("envstep") if scored else None, evals=len(scored))
     return out
@@ -179,6 +186,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap.add_argument("--double", action="store_true", help="rqrl with its double-DQN target (SB3 has none)")
     ap.add_argument("--sb3-threads", type=int, default=1, help="torch threads of the SB3 side")
     ap.add_argument("--sides", nargs="+", default=["rqrl", "sb3"], choices=["rqrl", "sb3"])
+    ap.add_argument("--loop-repeats", type=int, default=16,
+                    help="blocks per side of the learner-loop part (tests/bench/bench_learner_loop.py); 0: skip it")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sb3-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -204,7 +213,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 print(f"{env_id:<15} seed {seed} {side:<4} rc {row['rc']}  last eval {row.get('last_eval')} "
                       f"at {row.get('last_eval_envstep')}  CPU {row['cpu_s']} s ({row['cpu_by']}) = "
                       f"{row['cpu_s_per_1k']} s per 1k env steps  wall {row['wall_s']} s"
-                      + (f"  (learner {row['learner_cpu_s']} s)" if row.get("learner_cpu_s") else ""), flush=True)
+                      + (f"  (learner {row['learner_cpu_s']} s, {row['learner_cpu_s'] / row['cpu_s']:.0%}; "
+                         f"rest {row['cpu_s'] - row['learner_cpu_s']:.1f} s; learner sched wait "
+                         f"{row.get('learner_sched_wait_share')}, data wait {row.get('learner_wait_share')})"
+                         if row.get("learner_cpu_s") else ""), flush=True)
     print("\n| env | budget | rqrl last eval (median) | SB3 last eval (median) | rqrl CPU s / 1k | SB3 CPU s / 1k | ratio |")
     print("|---|---|---|---|---|---|---|")
     for env_id in args.envs:
@@ -215,6 +227,16 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         ratio = med["rqrl"][1] / med["sb3"][1] if med["sb3"][1] == med["sb3"][1] and med["sb3"][1] else float("nan")
         print(f"| {env_id} | {rows['rqrl'][0]['budget'] if rows['rqrl'] else '-'} | {med['rqrl'][0]:.1f} | "
               f"{med['sb3'][0]:.1f} | {med['rqrl'][1]:.2f} | {med['sb3'][1]:.2f} | {ratio:.2f} |")
+    if args.loop_repeats > 0 and "rqrl" in args.sides:
+        # Issue 35's other figure, in the same run: the learner task's loop against the bare
+        # in-process loop on each preset (tests/bench/bench_learner_loop.py).
+        from tests.bench import bench_learner_loop
+
+        out["learner_loop"] = []
+        for env_id in args.envs:
+            res = bench_learner_loop.measure(PRESETS[env_id].removesuffix(".py"), repeats=args.loop_repeats)
+            bench_learner_loop.report(res)
+            out["learner_loop"].append(res)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return out

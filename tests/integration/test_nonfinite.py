@@ -74,7 +74,7 @@ def test_rqrl_eval_refuses_non_finite_weights(tmp_path):
     assert f"non-finite weight {name}" in res.stderr and "refusing to evaluate" in res.stderr, res.stderr
 
 
-def test_check_train_step_names_the_iteration_and_tensor():
+def test_step_check_names_the_iteration_and_tensor():
     from common import spaces
     from common.config import compile_config
     from common.policy import create_policy
@@ -83,22 +83,25 @@ def test_check_train_step_names_the_iteration_and_tensor():
     spec = spaces.probe(cfg)
     spaces.check_model(cfg, spec)
     policy = create_policy(cfg, spec, modes=("learn",), device="cpu")
+    from common.finite import StepCheck
+
+    # One check, built before the gradients exist, as the learner's: it reads them at each call.
+    check = StepCheck(policy)
     with pytest.raises(NonFiniteError, match="train iter 7: non-finite total_loss = nan"):
-        from common.finite import check_train_step
-        check_train_step(policy, {"total_loss": float("nan")}, 7)
+        check({"total_loss": float("nan")}, 7)
     p = next(policy.model.parameters())
     p.grad = torch.full_like(p, float("inf"))
     with pytest.raises(NonFiniteError, match=r"train iter 8: non-finite gradient model\.\S+ \("):
-        check_train_step(policy, {"total_loss": 1.0}, 8)
+        check({"total_loss": 1.0}, 8)
     for q in policy.model.parameters():  # an iteration that stepped every weight of the model
         q.grad = torch.zeros_like(q)
     last_name, last = list(policy.model.named_parameters())[-1]
     with torch.no_grad():
         last[0] = float("nan")
     with pytest.raises(NonFiniteError, match=rf"train iter 9: non-finite weight model\.{last_name} \(1 of"):
-        check_train_step(policy, {"total_loss": 1.0}, 9)
+        check({"total_loss": 1.0}, 9)
     last.grad = None  # not stepped this iteration (as a target network's weights): left to check_arrays
-    check_train_step(policy, {"total_loss": 1.0}, 10)
+    check({"total_loss": 1.0}, 10)
     with pytest.raises(NonFiniteError, match="non-finite weight"):
         check_arrays({k: v.detach() for k, v in policy.model.state_dict().items()}, "published policy")
     check_arrays({"a": np.ones(3, np.float32), "n": {"b": [1.0, 2]}, "i": np.arange(3)}, "fine")
@@ -107,7 +110,7 @@ def test_check_train_step_names_the_iteration_and_tensor():
         last[0] = 0.0
     for q in policy.model.parameters():
         q.grad = torch.full_like(q, 3e38)
-    check_train_step(policy, {"total_loss": 1.0}, 11)
+    check({"total_loss": 1.0}, 11)
     p.grad.view(-1)[0] = float("-inf")  # an inf beside values that overflow is still named
     with pytest.raises(NonFiniteError, match=r"train iter 12: non-finite gradient model\.\S+ \(1 of"):
-        check_train_step(policy, {"total_loss": 1.0}, 12)
+        check({"total_loss": 1.0}, 12)

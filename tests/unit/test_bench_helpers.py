@@ -134,3 +134,16 @@ def test_an_rl_zoo_entry_becomes_sb3_keywords_and_a_budget():
         zoo_kwargs({**entry, "normalize": True})
     with pytest.raises(NameError):  # rl-zoo's strings may name only dict(...) here
         zoo_kwargs({**entry, "policy_kwargs": "dict(activation_fn=nn.ReLU)"})
+
+
+def test_learner_loop_bench_times_the_learner_tasks_hooks():
+    """bench_learner_loop builds a lead learner task's loop (publishing to a private Redis): every
+    after-iteration hook it registers is timed, and the parts add up to the learner's iteration."""
+    from tests.bench.bench_learner_loop import measure
+
+    # 26 iterations after the 100 of warm-up, so send_info (every 20 iterations) runs in them
+    res = measure("cartpole_dqn", block=13, repeats=2)
+    parts = res["learner_parts_us"]
+    assert {"policy.learn", "data source", "publish_policy", "send_info", "finite check and bookkeeping"} <= set(parts)
+    assert all(v > 0 for k, v in parts.items() if k != "finite check and bookkeeping")
+    assert res["bare_cpu_us"] > 0 and res["learner_cpu_us"] > 0 and len(res["cpu_us_per_block"]["learner"]) == 2

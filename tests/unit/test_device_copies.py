@@ -97,3 +97,17 @@ def test_cuda_path_lands_on_the_device_with_the_same_values():
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
     on_dev = torch.ones(3, device=dev)
     assert nets.to_device(on_dev, dev, torch.float32).data_ptr() == on_dev.data_ptr()  # no round trip
+
+
+def test_get_weights_are_float32_copies_that_training_does_not_change():
+    """nets.get_weights copies CPU float32 tensors with numpy and casts anything else (float64 here)
+    through torch: either way the arrays are float32 and owned, so a later step leaves them be."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2).double())
+    weights = nets.get_weights(model)
+    assert {k: v.dtype for k, v in weights.items()} == {k: np.dtype(np.float32) for k in model.state_dict()}
+    before = {k: v.copy() for k, v in weights.items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    for k, v in weights.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
