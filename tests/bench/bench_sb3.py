@@ -12,10 +12,12 @@ background teardown of ``rqrl train`` included, divided by the env-step budget.
 - rqrl: the env's shipped preset (``rqrl presets``, two collector workers and one for evals as
   ``rqrl train`` starts them), ``--seed S``, an unreachable stop value, the
   budget as ``commander.max_env_step``, an eval every ``--eval-every`` env steps on 5 greedy
-  episodes (``policy.eval.eps=0``), and SB3's plain-max target (``policy.learn.double=False``)
-  unless ``--double``; its last eval is the closing eval at the budget (summary.json ``final_eval``).
-- SB3: rl-zoo3's ``hyperparams/dqn.yml`` entry for the env (``policy_kwargs`` as rl-zoo reads
-  it), ``seed=S``, the same budget, and SB3's ``EvalCallback`` every ``--eval-every`` env steps
+  episodes (DQN: ``policy.eval.eps=0``, and SB3's plain-max target, ``policy.learn.double=False``,
+  unless ``--double``; SAC evals play the mean action); its last eval is the closing eval at the
+  budget (summary.json ``final_eval``). The DQN presets copy rl-zoo's numbers; Pendulum's SAC
+  preset is DI-engine's (hidden 128, batch 128, 1,000 random env steps first), not rl-zoo's.
+- SB3: rl-zoo3's ``hyperparams/dqn.yml`` entry for the env (``sac.yml`` for Pendulum-v1, SB3's
+  ``SAC``; ``policy_kwargs`` as rl-zoo reads it), ``seed=S``, the same budget, and SB3's ``EvalCallback`` every ``--eval-every`` env steps
   on 5 deterministic episodes of a fresh env; ``--sb3-threads`` torch threads (default 1, as
   rqrl's learner and collectors: on a busy 2-core box torch's default of one per core spent
   5.65 CPU s per 1k env steps on MountainCar, much of it in threads waiting for each other).
@@ -46,12 +48,27 @@ REPO = Path(__file__).resolve().parents[2]
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
 EVAL_EPISODES = 5
 PRESETS = {"MountainCar-v0": "mountaincar_dqn.py", "LunarLander-v3": "lunarlander_dqn.py",
-           "CartPole-v1": "cartpole_dqn.py", "Acrobot-v1": "acrobot_dqn.py"}
+           "CartPole-v1": "cartpole_dqn.py", "Acrobot-v1": "acrobot_dqn.py", "Pendulum-v1": "pendulum_sac.py"}
+# The algorithm of each env's preset: rl-zoo's hyperparams file and SB3's class of that name.
+ALGOS = {"Pendulum-v1": "sac"}
+
+
+def algo_of(env_id: str) -> str:
+    """``dqn``, or the algorithm :data:`ALGOS` names for ``env_id``."""
+    return ALGOS.get(env_id, "dqn")
+
+
+def zoo_table(algo: str) -> dict[str, Any]:
+    """rl-zoo3's ``hyperparams/{algo}.yml``."""
+    import rl_zoo3
+    import yaml
+
+    return yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / f"{algo}.yml").read_text())
 
 
 def zoo_kwargs(entry: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """SB3 ``DQN(...)`` keyword arguments and the budget (env steps) from an rl-zoo ``dqn.yml``
-    entry: ``n_timesteps`` is the budget, ``policy_kwargs`` a ``dict(...)`` string as rl-zoo
+    """SB3 ``DQN(...)`` / ``SAC(...)`` keyword arguments and the budget (env steps) from an rl-zoo
+    ``dqn.yml`` / ``sac.yml`` entry: ``n_timesteps`` is the budget, ``policy_kwargs`` a ``dict(...)`` string as rl-zoo
     writes it; the other keys pass as they are.
 
     Raises:
@@ -117,8 +134,9 @@ def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool
            "--seed", str(seed), "--set", f"exp_name={exp}", "--set", "env.stop_value=1e9",
            "--set", f"commander.max_env_step={budget}", "--set", "commander.max_wall_seconds=0",
            "--set", f"commander.eval_every_env_step={eval_every}", "--set", "commander.eval_every_train_iter=0",
-           "--set", "commander.eval_interval=0", "--set", f"env.n_evaluator_episode={EVAL_EPISODES}",
-           "--set", "policy.eval.eps=0.0", "--set", f"policy.learn.double={double}"]
+           "--set", "commander.eval_interval=0", "--set", f"env.n_evaluator_episode={EVAL_EPISODES}"]
+    if algo_of(env_id) == "dqn":  # greedy evals (SAC's evals play the mean action already)
+        cmd += ["--set", "policy.eval.eps=0.0", "--set", f"policy.learn.double={double}"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = run_measured(cmd, work, timeout_s=max(1800, budget / 20), env=env)
     run = work / exp / "latest"
@@ -146,21 +164,19 @@ def sb3_side(env_id: str, seed: int, budget: int, eval_every: int, threads: int,
 
 
 def sb3_child(env_id: str, seed: int, eval_every: int, budget: int, threads: int, result: Path) -> None:
-    """Train SB3's DQN with rl-zoo's hyperparameters and write the evals to ``result``."""
+    """Train SB3's DQN or SAC (:func:`algo_of`) with rl-zoo's hyperparameters and write the evals to ``result``."""
     import gymnasium as gym
-    import rl_zoo3
+    import stable_baselines3
     import torch
-    import yaml
-    from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import EvalCallback
     from stable_baselines3.common.monitor import Monitor
 
     torch.set_num_threads(threads)
-    table = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "dqn.yml").read_text())
-    kwargs, zoo_budget = zoo_kwargs(table[env_id])
+    algo = algo_of(env_id)
+    kwargs, zoo_budget = zoo_kwargs(zoo_table(algo)[env_id])
     budget = budget or zoo_budget
     policy = kwargs.pop("policy")
-    model = DQN(policy, gym.make(env_id), seed=seed, verbose=0, **kwargs)
+    model = getattr(stable_baselines3, algo.upper())(policy, gym.make(env_id), seed=seed, verbose=0, **kwargs)
     evals: list[dict[str, float]] = []
 
     class Record(EvalCallback):
@@ -194,14 +210,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     if args.sb3_child:
         sb3_child(args.sb3_child, args.seeds[0], args.eval_every, args.budget, args.sb3_threads, Path(args.json))
         return {}
-    import yaml
-    import rl_zoo3
-
-    table = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / "dqn.yml").read_text())
     out: dict[str, Any] = {"load_average_start": os.getloadavg(), "double": args.double,
                            "sb3_threads": args.sb3_threads, "runs": []}
     for env_id in args.envs:
-        budget = args.budget or zoo_kwargs(table[env_id])[1]
+        budget = args.budget or zoo_kwargs(zoo_table(algo_of(env_id))[env_id])[1]
         for seed in args.seeds:
             for side in args.sides:  # one after the other: the sides never share the cores
                 with tempfile.TemporaryDirectory(prefix="rqrl-bench-sb3-") as tmp:
