@@ -17,9 +17,12 @@ policy's schema) at one torch thread, as the workers do:
 
 The two run in alternating blocks of ``--block`` iterations (drift in the machine's load hits
 both alike); per-iteration process CPU (all threads: the publisher's writer included), the
-training thread's own CPU and wall microseconds are the medians over blocks. Parts of the learner's iteration are timed inside its
-blocks (perf_counter around the data source, ``policy.learn`` and each hook); "finite check and
-bookkeeping" is the rest of ``BaseLearner.train``.
+training thread's own CPU and wall microseconds are the medians over blocks. Parts of the
+learner's iteration are timed inside its blocks (perf_counter around the data source,
+``policy.learn`` and each hook); "finite check and bookkeeping" is the rest of
+``BaseLearner.train``. The data source's call is also split by
+whether the iteration before it published weights: the publisher's writer thread, which a
+publication wakes, holds the GIL for its Python work while the training thread waits.
 
 In ``rqrl train`` the learner's train iterations/s relative to the in-process loop's is about
 this ratio times the share of a core the learner gets (summary.json ``learner_sched_wait_share``)
@@ -150,11 +153,18 @@ def measure(config: str, block: int = 200, repeats: int = 16) -> dict[str, Any]:
             for _ in range(n):
                 bare_policy.learn(buf.sample(batch_size, rng))
 
+        send_freq = int(cfg.policy.learn.learner.send_policy_freq)
+        # The data source's seconds by whether the iteration before published: the publisher's
+        # writer thread, woken by a publication, holds the GIL for its Python work meanwhile.
+        after_publication: dict[bool, list[float]] = {True: [], False: []}
+
         def full(n: int) -> None:
             for _ in range(n):
                 t = time.perf_counter()
                 batch = source()
-                parts["data source"] += time.perf_counter() - t
+                took = time.perf_counter() - t
+                parts["data source"] += took
+                after_publication[learner.train_iter % send_freq == 0].append(took)
                 t = time.perf_counter()
                 learner.train(batch)
                 parts["train"] += time.perf_counter() - t
@@ -165,6 +175,8 @@ def measure(config: str, block: int = 200, repeats: int = 16) -> dict[str, Any]:
         for fn in sides.values():  # warm-up
             fn(100)
         parts.clear()
+        after_publication[True].clear()
+        after_publication[False].clear()
         cpu: dict[str, list[float]] = {k: [] for k in sides}
         wall: dict[str, list[float]] = {k: [] for k in sides}
         thread: dict[str, list[float]] = {k: [] for k in sides}
@@ -188,6 +200,8 @@ def measure(config: str, block: int = 200, repeats: int = 16) -> dict[str, Any]:
             "bare_vs_learner_cpu": round(med["bare_cpu_us"] / med["learner_cpu_us"], 3),
             "bare_vs_learner_wall": round(med["bare_wall_us"] / med["learner_wall_us"], 3),
             "learner_parts_us": {k: round(v, 1) for k, v in sorted(learner_parts.items(), key=lambda kv: -kv[1])},
+            "data_source_us_after_publication": round(statistics.median(after_publication[True]) * 1e6, 1),
+            "data_source_us_otherwise": round(statistics.median(after_publication[False]) * 1e6, 1),
             "cpu_us_per_block": {k: [round(x, 1) for x in v] for k, v in cpu.items()}}
 
 
@@ -197,6 +211,8 @@ def report(res: dict[str, Any]) -> None:
           f"train iters/s = {res['bare_vs_learner_cpu']:.3f} (CPU), {res['bare_vs_learner_wall']:.3f} (wall)", flush=True)
     print(f"  the learner's training thread: {res['learner_train_thread_cpu_us']:.0f} µs CPU per iteration, its other "
           f"threads (the policy publisher's writer) {res['learner_cpu_us'] - res['learner_train_thread_cpu_us']:.0f}", flush=True)
+    print(f"  the data source's call, median µs: {res['data_source_us_after_publication']} on the iteration after a "
+          f"publication, {res['data_source_us_otherwise']} on the others", flush=True)
     print("  learner's iteration, µs: " + ", ".join(f"{k} {v}" for k, v in res["learner_parts_us"].items()), flush=True)
 
 

@@ -146,4 +146,5 @@ def test_learner_loop_bench_times_the_learner_tasks_hooks():
     parts = res["learner_parts_us"]
     assert {"policy.learn", "data source", "publish_policy", "send_info", "finite check and bookkeeping"} <= set(parts)
     assert all(v > 0 for k, v in parts.items() if k != "finite check and bookkeeping")
+    assert res["data_source_us_after_publication"] > 0 and res["data_source_us_otherwise"] > 0
     assert res["bare_cpu_us"] > 0 and res["learner_cpu_us"] > 0 and len(res["cpu_us_per_block"]["learner"]) == 2
