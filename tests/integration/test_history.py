@@ -39,9 +39,11 @@ def test_evals_survive_100k_later_events(tmp_path, redis_server):
     env = worker_env(redis_server.url)
     res = subprocess.run([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
                           "--set", f"exp_name={exp}", "--set", "env.stop_value=100000",
-                          # bounded by the work (train iterations), not wall seconds: evals at 100, 200, ...
-                          "--set", "commander.eval_interval=0.0", "--set", "commander.eval_every_train_iter=100",
-                          "--set", "commander.max_train_iter=400", "--collectors", "1"],
+                          # Deterministic mode: evals at 500, 1000, 1500 and 2000 env steps whatever the
+                          # learner's and the eval worker's speeds (an asynchronous run skips an eval
+                          # trigger while one runs: a fast learner once got 2 evals in 400 iterations).
+                          "--deterministic", "--set", "commander.eval_every_env_step=500",
+                          "--set", "commander.max_env_step=2000"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 2, res.stderr[-2000:]
     lines = (tmp_path / exp / "latest" / "evals.jsonl").read_text().splitlines()
