@@ -25,6 +25,16 @@ class BlobError(RuntimeError):
     """A blob is missing, incomplete or corrupt; the message names the key."""
 
 
+def versioned_fields(payload: bytes, version: int,
+                     meta: dict[str, str | int | float] | None = None) -> dict[str, bytes | str | int | float]:
+    """The hash fields of version ``version`` of a versioned blob holding ``payload`` (module docstring)."""
+    chunks = [payload[i : i + CHUNK_BYTES] for i in range(0, len(payload), CHUNK_BYTES)] or [b""]
+    fields: dict[str, bytes | str | int | float] = dict(meta or {})
+    fields.update(version=int(version), nbytes=len(payload), n_chunks=len(chunks))
+    fields.update({f"chunk:{i}": c for i, c in enumerate(chunks)})
+    return fields
+
+
 def put_versioned(
     conn: redis.Redis, key: str, payload: bytes, version: int, meta: dict[str, str | int | float] | None = None,
     lease_key: str | None = None, channel: str = "", message: str = "",
@@ -41,10 +51,7 @@ def put_versioned(
     Raises:
         common.scripts.LeaseRevoked: ``lease_key`` is gone.
     """
-    chunks = [payload[i : i + CHUNK_BYTES] for i in range(0, len(payload), CHUNK_BYTES)] or [b""]
-    mapping: dict[str, bytes | str | int | float] = dict(meta or {})
-    mapping.update(version=int(version), nbytes=len(payload), n_chunks=len(chunks))
-    mapping.update({f"chunk:{i}": c for i, c in enumerate(chunks)})
+    mapping = versioned_fields(payload, version, meta)
     if lease_key is not None:
         from common.scripts import put_versioned_leased
 

@@ -43,8 +43,23 @@ def put_versioned_leased(conn: redis.Redis, lease_key: str, key: str, mapping: d
     Raises:
         LeaseRevoked: the lease is gone (names it).
     """
+    if cached_script(conn, "put_versioned", _PUT_VERSIONED)(keys=[lease_key, key],
+                                                             args=_put_versioned_args(mapping, channel, message)) == 0:
+        raise LeaseRevoked(f"lease {lease_key} was revoked; not writing {key}")
+
+
+def put_versioned_command(conn: redis.Redis, lease_key: str, key: str, mapping: dict[str, Any],
+                          channel: str = "", message: str = "") -> list[Any]:
+    """:func:`put_versioned_leased` as one EVALSHA command's arguments, for a caller that sends it
+    on a connection of its own and reads the reply later (workers/publication.py): the reply is 1,
+    or 0 when the lease is gone; a Redis that lost its script cache answers NOSCRIPT, and
+    :func:`put_versioned_leased` then loads it again."""
+    sha = cached_script(conn, "put_versioned", _PUT_VERSIONED).sha
+    return ["EVALSHA", sha, 2, lease_key, key, *_put_versioned_args(mapping, channel, message)]
+
+
+def _put_versioned_args(mapping: dict[str, Any], channel: str, message: str) -> list[Any]:
     args: list[Any] = [channel, message]
     for k, v in mapping.items():
         args += [k, v]
-    if cached_script(conn, "put_versioned", _PUT_VERSIONED)(keys=[lease_key, key], args=args) == 0:
-        raise LeaseRevoked(f"lease {lease_key} was revoked; not writing {key}")
+    return args

@@ -16,13 +16,13 @@ policy's schema) at one torch thread, as the workers do:
   stand-in buffer reader reports env steps enough that the replay ratio never waits.
 
 The two run in alternating blocks of ``--block`` iterations (drift in the machine's load hits
-both alike); per-iteration process CPU (all threads: the publisher's writer included), the
+both alike); per-iteration process CPU (all threads), the
 training thread's own CPU and wall microseconds are the medians over blocks. Parts of the
 learner's iteration are timed inside its blocks (perf_counter around the data source,
 ``policy.learn`` and each hook); "finite check and bookkeeping" is the rest of
 ``BaseLearner.train``. The data source's call is also split by
-whether the iteration before it published weights: the publisher's writer thread, which a
-publication wakes, holds the GIL for its Python work while the training thread waits.
+whether the iteration before it published weights: a publisher that wrote from a thread of its
+own held the GIL for its Python work meanwhile, and this split showed it (docs/performance.md).
 
 In ``rqrl train`` the learner's train iterations/s relative to the in-process loop's is about
 this ratio times the share of a core the learner gets (summary.json ``learner_sched_wait_share``)
@@ -154,8 +154,8 @@ def measure(config: str, block: int = 200, repeats: int = 16) -> dict[str, Any]:
                 bare_policy.learn(buf.sample(batch_size, rng))
 
         send_freq = int(cfg.policy.learn.learner.send_policy_freq)
-        # The data source's seconds by whether the iteration before published: the publisher's
-        # writer thread, woken by a publication, holds the GIL for its Python work meanwhile.
+        # The data source's seconds by whether the iteration before published: what a publication
+        # leaves running beside the training thread shows here.
         after_publication: dict[bool, list[float]] = {True: [], False: []}
 
         def full(n: int) -> None:

@@ -96,13 +96,14 @@ def test_step_check_names_the_iteration_and_tensor():
     for q in policy.model.parameters():  # an iteration that stepped every weight of the model
         q.grad = torch.zeros_like(q)
     last_name, last = list(policy.model.named_parameters())[-1]
+    last.grad.view(-1)[-1] = float("nan")  # the last tensor's last value: every gradient is looked at
+    with pytest.raises(NonFiniteError, match=rf"train iter 9: non-finite gradient model\.{last_name} \(1 of"):
+        check({"total_loss": 1.0}, 9)
+    last.grad = None
     with torch.no_grad():
         last[0] = float("nan")
-    with pytest.raises(NonFiniteError, match=rf"train iter 9: non-finite weight model\.{last_name} \(1 of"):
-        check({"total_loss": 1.0}, 9)
-    last.grad = None  # not stepped this iteration (as a target network's weights): left to check_arrays
-    check({"total_loss": 1.0}, 10)
-    with pytest.raises(NonFiniteError, match="non-finite weight"):
+    check({"total_loss": 1.0}, 10)  # weights are left to check_arrays, where they leave the learner
+    with pytest.raises(NonFiniteError, match=rf"non-finite weight {last_name}"):
         check_arrays({k: v.detach() for k, v in policy.model.state_dict().items()}, "published policy")
     check_arrays({"a": np.ones(3, np.float32), "n": {"b": [1.0, 2]}, "i": np.arange(3)}, "fine")
     # Finite values whose sum overflows float32 are finite: the check looks closer and passes.

@@ -461,48 +461,78 @@ def _announced(ps) -> list[bytes]:
     return out
 
 
-def test_the_publisher_writes_off_the_train_loop_and_the_newest_pending_version_wins(fake_redis):
+def test_the_publisher_does_not_wait_for_a_paused_redis_and_the_newest_kept_version_wins(real_redis):
+    """A publication's reply is read at the next one; while Redis does not answer (CLIENT PAUSE
+    WRITE holds the write) newer versions are kept, not sent, and only the newest is written."""
     from workers.publication import PolicyPublisher
 
-    fake_redis.set(LEASE, "1")
-    ps = fake_redis.pubsub()
+    real_redis.set(LEASE, "1")
+    ps = real_redis.pubsub()
     ps.subscribe(keys.policy_updates(EXP, "policy_3"))
     assert ps.get_message(timeout=1.0)["type"] == "subscribe"
-    pub = PolicyPublisher(fake_redis, EXP, "policy_3", LEASE)
+    pub = PolicyPublisher(real_redis, EXP, "policy_3", LEASE)
     try:
-        with pub._lock:  # Redis "slow": the writer holds version 1 while the train loop goes on
-            pub.publish({"b": np.full(3, 1.0, np.float32)}, 1, 10, 0)
-            with pub._state:  # the writer has taken version 1 and waits for the write lock
-                assert pub._state.wait_for(lambda: pub._writing, timeout=10)
-            pub.publish({"b": np.full(3, 2.0, np.float32)}, 2, 20, 0)
-            pub.publish({"b": np.full(3, 3.0, np.float32)}, 3, 30, 0)
+        pub.publish({"b": np.full(3, 0.0, np.float32)}, 0, 0, 0)
         pub.flush(timeout=10)
-        meta, payload = blobstore.get_versioned(fake_redis, keys.policy(EXP, "policy_3"))
+        real_redis.client_pause(60_000, all=False)  # writes wait; this client's own commands still run
+        pub.publish({"b": np.full(3, 1.0, np.float32)}, 1, 10, 0)
+        pub.publish({"b": np.full(3, 2.0, np.float32)}, 2, 20, 0)  # returns at once: version 1 unanswered
+        pub.publish({"b": np.full(3, 3.0, np.float32)}, 3, 30, 0)
+        with pytest.raises(TimeoutError, match="version 1 still unwritten"):
+            pub.flush(timeout=0.2)
+        real_redis.client_unpause()
+        pub.flush(timeout=10)
+        meta, payload = blobstore.get_versioned(real_redis, keys.policy(EXP, "policy_3"))
         assert meta["version"] == "3" and serialization.loads(payload)["b"][0] == 3.0
         announced = _announced(ps)
-        assert announced == [b"1 10", b"3 30"], announced  # version 2 was replaced before it was written
+        assert announced == [b"0 0", b"1 10", b"3 30"], announced  # version 2 was replaced before it was sent
+        real_redis.delete(keys.policy(EXP, "policy_3"))
         assert pub.republish() == 3
+        assert real_redis.hget(keys.policy(EXP, "policy_3"), "version") == b"3"
     finally:
+        real_redis.client_unpause()
         pub.close()
         ps.close()
 
 
-def test_a_publication_refused_by_its_lease_fails_the_next_publish_and_flush(fake_redis):
-    from common.scripts import LeaseRevoked
+def test_the_publisher_writes_through_the_client_when_its_connection_drops_or_redis_lost_the_script(real_redis):
     from workers.publication import PolicyPublisher
 
-    fake_redis.set(LEASE, "1")
-    pub = PolicyPublisher(fake_redis, EXP, "policy_4", LEASE)
+    real_redis.set(LEASE, "1")
+    pub = PolicyPublisher(real_redis, EXP, "policy_5", LEASE)
     try:
         pub.publish({"b": np.ones(3, np.float32)}, 1, 10, 0)
         pub.flush(timeout=10)
-        fake_redis.delete(LEASE)
+        for info in real_redis.client_list():  # drop every connection but this test's own
+            if int(info["id"]) != real_redis.client_id():
+                real_redis.client_kill_filter(_id=info["id"])
+        pub.publish({"b": np.full(3, 2.0, np.float32)}, 2, 20, 0)
+        pub.flush(timeout=10)
+        assert real_redis.hget(keys.policy(EXP, "policy_5"), "version") == b"2"
+        real_redis.script_flush()
+        pub.publish({"b": np.full(3, 3.0, np.float32)}, 3, 30, 0)
+        pub.flush(timeout=10)
+        assert real_redis.hget(keys.policy(EXP, "policy_5"), "version") == b"3"
+    finally:
+        pub.close()
+
+
+def test_a_publication_refused_by_its_lease_fails_the_next_publish_and_flush(real_redis):
+    from common.scripts import LeaseRevoked
+    from workers.publication import PolicyPublisher
+
+    real_redis.set(LEASE, "1")
+    pub = PolicyPublisher(real_redis, EXP, "policy_4", LEASE)
+    try:
+        pub.publish({"b": np.ones(3, np.float32)}, 1, 10, 0)
+        pub.flush(timeout=10)
+        real_redis.delete(LEASE)
         pub.publish({"b": np.ones(3, np.float32)}, 2, 20, 0)
         with pytest.raises(LeaseRevoked, match=LEASE):
             pub.flush(timeout=10)
         with pytest.raises(LeaseRevoked, match=LEASE):
             pub.publish({"b": np.ones(3, np.float32)}, 3, 30, 0)
-        assert int(fake_redis.hget(keys.policy(EXP, "policy_4"), "version")) == 1
+        assert int(real_redis.hget(keys.policy(EXP, "policy_4"), "version")) == 1
     finally:
         pub.close()
 
