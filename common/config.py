@@ -79,8 +79,12 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         # None: read from the env's spaces (common/spaces.py); a set value must agree with the env.
         model=dict(obs_shape=None, action_shape=None,
                    # Conv torso for image observations, [channels, kernel, stride] per layer (the Nature
-                   # DQN's); unused for flat observations (common/policy/nets.py).
-                   conv=[[32, 8, 4], [64, 4, 2], [64, 3, 1]]),
+                   # DQN's); unused for flat observations (common/policy/nets.py) unless ``board`` is set.
+                   conv=[[32, 8, 4], [64, 4, 2], [64, 3, 1]],
+                   # A flat observation that starts with a board game's board: its [height, width,
+                   # planes], the planes last (PettingZoo's classic boards); the board goes through
+                   # ``conv`` and the rest of the observation (e.g. legal-action flags) beside it.
+                   board=None),
         learn=dict(
             # Replay-ratio limiter (replay data): at most this many train iterations per env step received ...
             train_iter_per_env_step=0.5,

@@ -169,7 +169,9 @@ def check_model(cfg: Any, spec: SpaceSpec) -> None:
             raise SpaceError(f"config key 'policy.model.{key}' is {got!r} but env {spec.env_id!r} has {what} "
                              f"(expected {want!r}); leave it unset to read it from the env")
     if spec.obs_kind == "image":
-        _check_conv(model.get("conv"), spec)
+        _check_conv(model.get("conv"), spec, spec.image_chw, f"image {spec.obs_shape} (layout {spec.obs_layout})")
+    if model.get("board") is not None:
+        _check_board(model.board, model.get("conv"), spec)
     if model.get("action_mask") and not (spec.action_kind == "discrete" and spec.obs_kind == "box"
                                          and spec.obs_dim > spec.action_n):
         raise SpaceError(f"config key 'policy.model.action_mask' is set but env {spec.env_id!r} has {obs_what} and "
@@ -196,17 +198,28 @@ def conv_out_hw(hw: tuple[int, int], conv: list[list[int]]) -> tuple[int, int]:
     return h, w
 
 
-def _check_conv(conv: Any, spec: SpaceSpec) -> None:
+def _check_conv(conv: Any, spec: SpaceSpec, chw: tuple[int, int, int], what: str) -> None:
     if not (isinstance(conv, (list, tuple)) and conv and all(
             isinstance(layer, (list, tuple)) and len(layer) == 3 and all(isinstance(x, int) and x > 0 for x in layer)
             for layer in conv)):
         raise SpaceError(f"config key 'policy.model.conv' must be a non-empty list of [channels, kernel, stride] "
-                         f"positive ints for the image observation of env {spec.env_id!r}, got {conv!r}")
-    h, w = conv_out_hw(spec.image_chw[1:], conv)
+                         f"positive ints for the {what} of env {spec.env_id!r}, got {conv!r}")
+    h, w = conv_out_hw(chw[1:], conv)
     if h < 1 or w < 1:
-        raise SpaceError(f"config key 'policy.model.conv' {conv!r} shrinks env {spec.env_id!r}'s image "
-                         f"{spec.obs_shape} (layout {spec.obs_layout}) to nothing; use smaller kernels or strides, "
-                         f"or a larger image (the default Nature torso needs at least 36x36)")
+        raise SpaceError(f"config key 'policy.model.conv' {conv!r} shrinks env {spec.env_id!r}'s {what} to nothing; "
+                         f"use smaller kernels or strides (the default Nature torso needs at least 36x36)")
+
+
+def _check_board(board: Any, conv: Any, spec: SpaceSpec) -> None:
+    if not (isinstance(board, (list, tuple)) and len(board) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in board)):
+        raise SpaceError(f"config key 'policy.model.board' must be [height, width, planes] positive ints, got {board!r}")
+    h, w, c = board
+    if spec.obs_kind != "box" or spec.obs_dim < h * w * c:
+        raise SpaceError(f"config key 'policy.model.board' {list(board)!r} needs a flat Box observation of at least "
+                         f"{h * w * c} values, but env {spec.env_id!r} has "
+                         f"{'Discrete(%d)' % spec.obs_n if spec.obs_kind == 'discrete' else spec.obs_shape} ({spec.obs_kind})")
+    _check_conv(conv, spec, (c, h, w), f"board {h}x{w}x{c}")
 
 
 def _norm(v: Any) -> tuple[int, ...]:

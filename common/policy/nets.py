@@ -91,17 +91,41 @@ class ConvTorso(nn.Module):
         return self.net(x)
 
 
+class BoardTorso(nn.Module):
+    """A board game's flat observation, ``[board (H*W*C values, row-major, planes last), rest]``:
+    :class:`ConvTorso` over the board, flattened, with ``rest`` (e.g. legal-action flags) beside
+    it: float32 (B, H*W*C + rest) -> (B, conv_out + rest). Convs see a line of pieces the same
+    wherever it lies on the board, which an MLP over the flat cells must learn cell by cell."""
+
+    def __init__(self, hwc: tuple[int, int, int], obs_dim: int, conv: list[list[int]]) -> None:
+        super().__init__()
+        self.hwc, self.cells = tuple(int(x) for x in hwc), int(np.prod(hwc))
+        h, w, c = self.hwc
+        self.torso = ConvTorso((c, h, w), conv)
+        self.out_dim = self.torso.out_dim + obs_dim - self.cells
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        board = x[:, : self.cells].reshape(-1, *self.hwc).permute(0, 3, 1, 2)
+        return torch.cat([self.torso(board), x[:, self.cells:]], dim=1)
+
+
 def encoder(spec: SpaceSpec, model_cfg: Any, hidden: list[int]) -> tuple[nn.Module, int]:
     """The observation encoder of an algorithm: ``(module, output size)``.
 
-    Flat observations: ``mlp([obs_dim, *hidden])``. Images: :class:`ConvTorso` of
-    ``model_cfg.conv`` then ``mlp([torso_out, *hidden])`` (the Nature DQN's 512-unit layer is
-    ``hidden=[512]``). The module takes :func:`obs_tensor` output.
+    Flat observations: ``mlp([obs_dim, *hidden])``; with ``model_cfg.board`` set,
+    :class:`BoardTorso` first. Images: :class:`ConvTorso` of ``model_cfg.conv`` then
+    ``mlp([torso_out, *hidden])`` (the Nature DQN's 512-unit layer is ``hidden=[512]``). The
+    module takes :func:`obs_tensor` output.
     """
-    if spec.obs_kind != "image":
+    conv = [list(layer) for layer in model_cfg.get("conv") or []]
+    if spec.obs_kind == "image":
+        torso: nn.Module = ConvTorso(spec.image_chw, conv)
+    elif model_cfg.get("board"):
+        torso = BoardTorso(tuple(model_cfg.board), spec.obs_dim, conv)
+    else:
         return mlp([spec.obs_dim, *hidden]), (hidden[-1] if hidden else spec.obs_dim)
-    torso = ConvTorso(spec.image_chw, [list(layer) for layer in model_cfg.conv])
-    return nn.Sequential(torso, mlp([torso.out_dim, *hidden])), (hidden[-1] if hidden else torso.out_dim)
+    out = int(torso.out_dim)
+    return nn.Sequential(torso, mlp([out, *hidden])), (hidden[-1] if hidden else out)
 
 
 def frozen_copy(module: nn.Module) -> nn.Module:

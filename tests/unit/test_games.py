@@ -149,6 +149,43 @@ def test_an_action_mask_needs_flags_at_the_end_of_a_flat_observation():
         spaces.check_model(cfg, spaces.probe(cfg))
 
 
+def test_the_board_torso_convolves_the_board_planes_and_keeps_the_legal_flags_beside_them():
+    from common.policy.nets import BoardTorso
+
+    torso = BoardTorso((6, 7, 2), 91, [[1, 1, 1]])
+    with torch.no_grad():  # a 1x1 conv that reads plane 0 (the mover's pieces) and nothing else
+        conv = torso.torso.net[0]
+        conv.weight.zero_()
+        conv.weight[0, 0] = 1.0
+        conv.bias.zero_()
+    mine, theirs = [(5, 0), (5, 1), (4, 0), (0, 6)], [(5, 3), (4, 3)]
+    obs = board(mine=mine, theirs=theirs)
+    out = torso(torch.as_tensor(obs[None]))[0].detach().numpy()
+    assert torso.out_dim == out.size == 42 + 7
+    assert {divmod(int(i), 7) for i in np.flatnonzero(out[:42])} == set(mine)  # each piece at its cell
+    assert (out[42:] == obs[84:]).all()  # the legal-column flags pass through untouched
+    cfg, spec = ppo_cfg(True)
+    cfg.policy.model.update(board=[6, 7, 2], conv=[[32, 4, 1]])
+    spaces.check_model(cfg, spec)
+    policy = create_policy(cfg, spec, device="cpu")
+    actions, record = policy.act(np.stack([obs] * 4), {}, np.random.default_rng(0))
+    assert actions.shape == (4,) and np.isfinite(record["logp"]).all()
+
+
+@pytest.mark.parametrize("board_value, conv, env_id, words", [
+    ([6, 7], [[32, 4, 1]], "rqrl/ConnectFour-v0", "must be [height, width, planes]"),
+    ([7, 7, 2], [[32, 4, 1]], "rqrl/ConnectFour-v0", "at least 98 values"),
+    ([6, 7, 2], [[32, 8, 1]], "rqrl/ConnectFour-v0", "board 6x7x2 to nothing"),
+    ([1, 1, 1], [[8, 1, 1]], "FrozenLake-v1", "Discrete(16)"),
+])
+def test_a_bad_board_setting_is_named(board_value, conv, env_id, words):
+    cfg = compile_config({"env": {"env_id": env_id},
+                          "policy": {"model": {"board": board_value, "conv": conv}}}, {"policy": {"type": "ppo"}})
+    with pytest.raises(spaces.SpaceError, match=r"policy\.model\.(board|conv)") as e:
+        spaces.check_model(cfg, spaces.probe(cfg))
+    assert words in str(e.value)
+
+
 class Live:
     def __init__(self, spec) -> None:
         from collections import OrderedDict
