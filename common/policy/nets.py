@@ -117,11 +117,12 @@ def encoder(spec: SpaceSpec, model_cfg: Any, hidden: list[int]) -> tuple[nn.Modu
     ``mlp([torso_out, *hidden])`` (the Nature DQN's 512-unit layer is ``hidden=[512]``). The
     module takes :func:`obs_tensor` output.
     """
+    model_cfg = model_cfg or {}
     conv = [list(layer) for layer in model_cfg.get("conv") or []]
     if spec.obs_kind == "image":
         torso: nn.Module = ConvTorso(spec.image_chw, conv)
     elif model_cfg.get("board"):
-        torso = BoardTorso(tuple(model_cfg.board), spec.obs_dim, conv)
+        torso = BoardTorso(tuple(model_cfg["board"]), spec.obs_dim, conv)
     else:
         return mlp([spec.obs_dim, *hidden]), (hidden[-1] if hidden else spec.obs_dim)
     out = int(torso.out_dim)
