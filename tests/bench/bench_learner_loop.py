@@ -210,7 +210,7 @@ def report(res: dict[str, Any]) -> None:
           f"iteration, learner loop {res['learner_cpu_us']:.0f} / {res['learner_wall_us']:.0f}: learner ÷ bare "
           f"train iters/s = {res['bare_vs_learner_cpu']:.3f} (CPU), {res['bare_vs_learner_wall']:.3f} (wall)", flush=True)
     print(f"  the learner's training thread: {res['learner_train_thread_cpu_us']:.0f} µs CPU per iteration, its other "
-          f"threads (the policy publisher's writer) {res['learner_cpu_us'] - res['learner_train_thread_cpu_us']:.0f}", flush=True)
+          f"threads {res['learner_cpu_us'] - res['learner_train_thread_cpu_us']:.0f}", flush=True)
     print(f"  the data source's call, median µs: {res['data_source_us_after_publication']} on the iteration after a "
           f"publication, {res['data_source_us_otherwise']} on the others", flush=True)
     print("  learner's iteration, µs: " + ", ".join(f"{k} {v}" for k, v in res["learner_parts_us"].items()), flush=True)
