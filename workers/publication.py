@@ -138,10 +138,7 @@ class PolicyPublisher:
         """Give the connection back; a version sent and not answered yet may still be written by
         Redis, one kept and not sent is dropped."""
         self._pending = self._sent = None
-        if self._link is not None:
-            link, self._link = self._link, None
-            link.disconnect()  # an unread reply must not reach the pool's next user
-            self._conn.connection_pool.release(link)
+        self._drop_link()
 
     def republish(self) -> Optional[int]:
         """Publish the last written version again; returns it (None when nothing was written yet)."""
@@ -214,6 +211,7 @@ class PolicyPublisher:
         put_policy(self._conn, self._ns, self._policy_id, payload, version, limit, self._lease, envstep)
 
     def _drop_link(self) -> None:
+        """Close the own connection (an unread reply must not reach the pool's next user) and give it back."""
         if self._link is not None:
             link, self._link = self._link, None
             link.disconnect()
