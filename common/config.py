@@ -108,6 +108,9 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
                     load_ckpt_before_run="",  # checkpoint name in Redis ("latest", ...); "" = none
                     log_show_after_iter=100,
                     save_ckpt_after_iter=500,
+                    # ... or once this many seconds passed since the last save, whichever comes first
+                    # (0 = by count only): what a replacement learner loses stays under a minute.
+                    save_ckpt_every_s=60.0,
                     save_ckpt_after_run=True,
                 ),
             ),

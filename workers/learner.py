@@ -58,7 +58,8 @@ from workers.checkpoints import CheckpointStore
 from workers.comm_learner import BufferReader, ShardReaders
 from workers.ddp import LearnerGroup, join
 from workers.learner_hooks import (BroadcastStateHook, FeedbackHook, LearnerHook, LoadCkptHook, LogShowHook,
-                                   PhaseHook, PublishPolicyHook, SaveCkptHook, SendInfoHook, build_hooks)
+                                   PhaseHook, PublishPolicyHook, SaveCkptHook, SendInfoHook, build_hooks,
+                                   periodic_ckpt_hooks)
 from workers.publication import PolicyPublisher
 from workers.sources import DataSource, create_source
 from workers.task import TaskContext, open_task, task_scope
@@ -415,7 +416,8 @@ def task_hooks(lcfg: EasyDict, role: LearnerRole, conn: redis.Redis, ns: str, ta
 
         before_run  load_ckpt (role.resume_from) · broadcast_state (a group) ·
                     publish_policy (lead) · phase first_policy (lead)
-        after_iter  phase first_train_step · source_feedback · save_ckpt (lead, every save_ckpt_after_iter) ·
+        after_iter  phase first_train_step · source_feedback · save_ckpt (lead, every save_ckpt_after_iter
+                    iterations or save_ckpt_every_s seconds) ·
                     publish_policy (lead, every send_policy_freq) · log_show (every log_show_after_iter) ·
                     send_info (lead, every send_info_freq)
         after_run   save_ckpt (lead): final, then role.ckpt_name
@@ -435,8 +437,7 @@ def task_hooks(lcfg: EasyDict, role: LearnerRole, conn: redis.Redis, ns: str, ta
     if role.lead:
         before_run += [PublishPolicyHook(publisher, "before_run", 1, source.envstep_limit, wait=True),
                        PhaseHook(conn, ns, "first_policy", "before_run")]
-        if hook_cfg.save_ckpt_after_iter > 0:
-            after_iter.append(SaveCkptHook("after_iter", hook_cfg.save_ckpt_after_iter))
+        after_iter += periodic_ckpt_hooks(hook_cfg)
         after_iter.append(PublishPolicyHook(publisher, "after_iter", send_freq, source.envstep_limit))
         if hook_cfg.save_ckpt_after_run:
             after_run.append(SaveCkptHook("after_run"))

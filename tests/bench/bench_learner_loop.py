@@ -122,7 +122,7 @@ def _learner(cfg: Any, spec: Any, conn: redis.Redis, rng: np.random.Generator,
     publisher = PolicyPublisher(conn, NS, "bench", keys.lease(NS, TASK))
     first = PhaseHook(conn, NS, "first_train_step", "after_iter", record=False)
     lcfg = cfg.policy.learn.learner
-    lcfg.hook.save_ckpt_after_iter = 0  # checkpoints are periodic disk/Redis work, not per iteration
+    lcfg.hook.update(save_ckpt_after_iter=0, save_ckpt_every_s=0)  # checkpoints are periodic Redis work, not per iteration
     for hook in task_hooks(lcfg, LearnerRole(lead=True), conn, NS, TASK, publisher, source, None, first,
                            TrainStats(learner, source, None, first)):
         if hook.position == "after_iter":

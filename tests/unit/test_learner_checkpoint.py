@@ -13,6 +13,8 @@ from tests.unit.test_prioritized_replay import dqn_batch, make_dqn
 from workers.checkpoints import CheckpointStore
 from workers.learner import BaseLearner
 
+CPU = torch.device("cpu")
+
 
 def _learner(cfg, store, tmp_path, seed):
     lcfg = copy.deepcopy(cfg.policy.learn.learner)
@@ -79,3 +81,27 @@ def test_rqrl_eval_of_a_learner_checkpoint_says_what_it_is(fake_redis, small_cfg
     assert evaluate.main([str(path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a learner checkpoint" in err[0] and "final.pt or best.pt" in err[0], err
+
+
+def test_the_resumable_checkpoint_is_also_saved_by_time_where_iterations_are_long(fake_redis, small_cfg, tmp_path):
+    """``save_ckpt_every_s`` saves 'latest' before ``save_ckpt_after_iter`` iterations are reached
+    (the default 500 PPO iterations are ~1 M env steps); with it at 0 only the count does."""
+    cfg = EasyDict(copy.deepcopy(small_cfg))
+    store = CheckpointStore(fake_redis, "ckpt_test", Path(tmp_path / "unused"))
+    learners = []
+    for seed, every_s in ((1, 1e-9), (2, 0.0)):
+        lcfg = copy.deepcopy(cfg.policy.learn.learner)
+        lcfg.hook.update(log_show_after_iter=0, save_ckpt_after_iter=500, save_ckpt_every_s=every_s,
+                         save_ckpt_after_run=False, load_ckpt_before_run="")
+        learners.append(BaseLearner(lcfg, make_dqn(cfg, seed=seed), exp_name="ckpt_test",
+                                    log_dir=str(tmp_path / f"log{seed}"), checkpoint_store=store))
+    timed, counted = learners
+    try:
+        counted.train(dqn_batch(n=16, seed=0), envstep=100)
+        assert store.load("latest", CPU) is None  # one iteration of 500, no time bound: nothing saved
+        for i in range(2):
+            timed.train(dqn_batch(n=16, seed=i), envstep=100 * (i + 1))
+            assert store.load("latest", CPU)["train_iter"] == i + 1  # saved at every iteration: the bound has passed
+    finally:
+        for learner in learners:
+            learner.close()

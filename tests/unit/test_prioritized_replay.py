@@ -408,7 +408,8 @@ def test_learner_train_feeds_dqn_td_errors_back_into_the_buffer(fake_redis, smal
     cfg.policy.other.replay_buffer.update(priority=True, priority_alpha=1.0, replay_buffer_size=64)
     policy = make_dqn(cfg, seed=5)
     lcfg = copy.deepcopy(cfg.policy.learn.learner)
-    lcfg.hook.update(log_show_after_iter=0, save_ckpt_after_iter=0, save_ckpt_after_run=False, load_ckpt_before_run="")
+    lcfg.hook.update(log_show_after_iter=0, save_ckpt_after_iter=0, save_ckpt_every_s=0, save_ckpt_after_run=False,
+                     load_ckpt_before_run="")
     learner = BaseLearner(lcfg, policy, exp_name="per_test", log_dir=str(tmp_path / "log"))
     src = create_source("replay", fake_redis, "per_test", learner, cfg, policy.schema(), seed=0)
     learner.register_hook(FeedbackHook(src))
