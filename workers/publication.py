@@ -73,22 +73,24 @@ _LINK_ERRORS = (redis.ConnectionError, redis.TimeoutError, NoScriptError)
 
 
 class PolicyPublisher:
-    """Publishes collector weights (:func:`put_policy`) without waiting for Redis: each version is
-    sent on a connection of the publisher's own and its reply read when the next one is published
-    (or at :meth:`flush`), so a train iteration never waits for the round trip. This replaced a
-    writer thread, whose Python work held the GIL while the training thread waited for it
-    (CartPole DQN: the data source's call took 500-550 µs after each publication against 120-143
-    µs otherwise; docs/performance.md).
+    """Publishes collector weights (:func:`put_policy`) without waiting for Redis's reply: each
+    version is sent on a connection of the publisher's own and its reply read when the next one is
+    published (or at :meth:`flush`), by which time it has long come, so a train iteration does not
+    wait for the round trip. This replaced a writer thread, whose Python work held the GIL while the
+    training thread waited for it (CartPole DQN: the data source's call took 500-550 µs after each
+    publication against 120-143 µs otherwise; docs/performance.md).
 
-    When the reply to the version before has not come yet (a slow or stalled Redis) a new version
-    is kept, not sent, and the next publication replaces it (collectors want the newest version;
-    versions they see still only rise); it is sent at the next publication that finds the reply
-    there, or at :meth:`flush`. Where the own connection fails (a dropped connection, a Redis that
-    lost its script cache) that version is written again through the client, whose Retry
-    reconnects. A write's error (a revoked lease, a Redis that stayed down past the retries) is
-    raised by the next :meth:`publish` or :meth:`flush`. It keeps the last written version's bytes,
-    so :meth:`republish` can put it back on a new primary after a failover (from the buffer
-    reader's thread, through the client: bytes only, no torch).
+    Every version is sent, in order: a collector in lockstep waits for the very version that
+    trained on its chunk (common/config.py ``apply_deterministic``), and a learner waiting for data
+    publishes nothing more that could carry a kept-back version out. Where the reply of the version
+    before is late (a stalled Redis), the next :meth:`publish` waits for it, up to the connection's
+    socket timeout; the learner's data waits on the same Redis then. Where the own connection fails
+    (a dropped connection, a Redis that lost its script cache) that version is written again through
+    the client, whose Retry reconnects. A write's error (a revoked lease, a Redis that stayed down
+    past the retries) is raised by that and every later :meth:`publish` or :meth:`flush`: nothing
+    more is written. It keeps the last written version's bytes, so :meth:`republish` can put it
+    back on a new primary after a failover (from the buffer reader's thread, through the client:
+    bytes only, no torch).
 
     Used from one thread (the training thread); :meth:`republish` from any.
     """
@@ -98,46 +100,40 @@ class PolicyPublisher:
         self._key = keys.policy(ns, policy_id)
         self._link: Optional[Connection] = None  # the publisher's own connection, from the client's pool
         self._sent: Optional[Publication] = None  # sent on the link, its reply not read yet
-        self._pending: Optional[Publication] = None  # kept while a reply is late: the newest wins
         self._last: Optional[Publication] = None  # the newest version written
         self._lock = threading.Lock()  # a write through the client: the training thread's, or a republish
         self._error: Optional[BaseException] = None
 
     def publish(self, weights: dict[str, Any], train_iter: int, envstep_limit: int, envstep: int) -> None:
-        """Publish ``weights`` (numpy arrays by name) as version ``train_iter``, without waiting
-        for Redis's reply.
+        """Publish ``weights`` (numpy arrays by name) as version ``train_iter``: read the reply to
+        the version before (waiting for it only when Redis is late), then send this one without
+        waiting for its reply.
 
         Raises:
-            common.scripts.LeaseRevoked: an earlier write found the task's lease gone.
-            redis.RedisError: an earlier write failed past the client's retries.
+            common.scripts.LeaseRevoked: a write found the task's lease gone.
+            redis.RedisError: a write failed past the client's retries.
             common.finite.NonFiniteError: a weight is NaN or inf (nothing is published).
         """
         check_arrays(weights, f"policy version {train_iter} for {self._key}")
         payload = serialization.dumps(weights)
         self._raise_error()
-        self._pending = (payload, train_iter, int(envstep_limit), int(envstep))
-        if self._sent is not None and not self._reply_ready(0):
-            return  # Redis is late: this version waits, replaced by any newer one
-        self._settle()
+        self._settle((payload, train_iter, int(envstep_limit), int(envstep)))
 
     def flush(self, timeout: float = 60.0) -> None:
-        """Wait until every publication handed over is written (``timeout`` seconds at most per
-        write: the one in flight, then the one kept).
+        """Wait until the last version published is written (``timeout`` seconds at most).
 
         Raises:
             common.scripts.LeaseRevoked, redis.RedisError: as the writes met them.
-            TimeoutError: Redis did not answer a write within ``timeout`` seconds.
+            TimeoutError: Redis did not answer within ``timeout`` seconds (names the version).
         """
         self._raise_error()
-        for _ in range(2):
-            if self._sent is not None and not self._reply_ready(timeout):
-                raise TimeoutError(f"policy {self._key}: version {self._sent[1]} still unwritten after {timeout:g} s")
-            self._settle()
+        if self._sent is not None and not self._reply_ready(timeout):
+            raise TimeoutError(f"policy {self._key}: version {self._sent[1]} still unwritten after {timeout:g} s")
+        self._settle(None)
 
     def close(self) -> None:
-        """Give the connection back; a version sent and not answered yet may still be written by
-        Redis, one kept and not sent is dropped."""
-        self._pending = self._sent = None
+        """Give the connection back; a version sent and not answered yet may still be written by Redis."""
+        self._sent = None
         self._drop_link()
 
     def republish(self) -> Optional[int]:
@@ -152,12 +148,13 @@ class PolicyPublisher:
         if self._error is not None:
             raise self._error
 
-    def _settle(self) -> None:
-        """Read the reply in flight, then send the version kept; an error is kept and raised by
+    def _settle(self, item: Optional[Publication]) -> None:
+        """Read the reply in flight, then send ``item`` (if any); an error is kept and raised by
         every later call: nothing more is written."""
         try:
             self._collect()
-            self._send_pending()
+            if item is not None:
+                self._send(item)
         except BaseException as e:
             self._error = e
             raise
@@ -168,10 +165,7 @@ class PolicyPublisher:
         except _LINK_ERRORS:
             return True  # the read that follows meets the error and writes through the client
 
-    def _send_pending(self) -> None:
-        item, self._pending = self._pending, None
-        if item is None:
-            return
+    def _send(self, item: Publication) -> None:
         payload, version, limit, envstep = item
         command = put_versioned_command(self._conn, self._lease, self._key,
                                         blobstore.versioned_fields(payload, version, _meta(version, limit, envstep)),

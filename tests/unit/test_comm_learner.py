@@ -461,9 +461,11 @@ def _announced(ps) -> list[bytes]:
     return out
 
 
-def test_the_publisher_does_not_wait_for_a_paused_redis_and_the_newest_kept_version_wins(real_redis):
-    """A publication's reply is read at the next one; while Redis does not answer (CLIENT PAUSE
-    WRITE holds the write) newer versions are kept, not sent, and only the newest is written."""
+def test_the_publisher_sends_without_waiting_for_the_reply_and_every_version_in_order(real_redis):
+    """``publish`` returns once the version is sent; its reply is read at the next publication or
+    ``flush``: with writes held by CLIENT PAUSE WRITE, ``publish`` returns and ``flush`` times out
+    naming the version; every version is then written and announced, in order (a collector in
+    lockstep waits for each one)."""
     from workers.publication import PolicyPublisher
 
     real_redis.set(LEASE, "1")
@@ -475,17 +477,18 @@ def test_the_publisher_does_not_wait_for_a_paused_redis_and_the_newest_kept_vers
         pub.publish({"b": np.full(3, 0.0, np.float32)}, 0, 0, 0)
         pub.flush(timeout=10)
         real_redis.client_pause(60_000, all=False)  # writes wait; this client's own commands still run
-        pub.publish({"b": np.full(3, 1.0, np.float32)}, 1, 10, 0)
-        pub.publish({"b": np.full(3, 2.0, np.float32)}, 2, 20, 0)  # returns at once: version 1 unanswered
-        pub.publish({"b": np.full(3, 3.0, np.float32)}, 3, 30, 0)
+        pub.publish({"b": np.full(3, 1.0, np.float32)}, 1, 10, 0)  # returns: the reply is not waited for
         with pytest.raises(TimeoutError, match="version 1 still unwritten"):
             pub.flush(timeout=0.2)
+        assert real_redis.hget(keys.policy(EXP, "policy_3"), "version") == b"0"
         real_redis.client_unpause()
+        for v in (2, 3):
+            pub.publish({"b": np.full(3, float(v), np.float32)}, v, 10 * v, 0)
         pub.flush(timeout=10)
         meta, payload = blobstore.get_versioned(real_redis, keys.policy(EXP, "policy_3"))
         assert meta["version"] == "3" and serialization.loads(payload)["b"][0] == 3.0
         announced = _announced(ps)
-        assert announced == [b"0 0", b"1 10", b"3 30"], announced  # version 2 was replaced before it was sent
+        assert announced == [b"0 0", b"1 10", b"2 20", b"3 30"], announced
         real_redis.delete(keys.policy(EXP, "policy_3"))
         assert pub.republish() == 3
         assert real_redis.hget(keys.policy(EXP, "policy_3"), "version") == b"3"
