@@ -7,6 +7,7 @@ the learner task's lease and announced on the policy's updates channel as
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import Any, Optional
@@ -63,6 +64,14 @@ def _meta(train_iter: int, envstep_limit: int, envstep: int) -> dict[str, str | 
 
 def _announcement(train_iter: int, envstep_limit: int) -> str:
     return f"{train_iter} {int(envstep_limit)}"
+
+
+def _pool_connection(pool: Any) -> Connection:
+    """A connection of ``pool`` for the caller's own use: redis-py 5.3+ takes no arguments (a
+    command name is deprecated there), 5.0-5.2 (the floor) needs one."""
+    if inspect.signature(pool.get_connection).parameters["command_name"].default is inspect.Parameter.empty:
+        return pool.get_connection("EVALSHA")
+    return pool.get_connection()
 
 
 # A publication: payload, version (train_iter), envstep_limit, envstep.
@@ -172,7 +181,7 @@ class PolicyPublisher:
                                         keys.policy_updates(self._ns, self._policy_id), _announcement(version, limit))
         try:
             if self._link is None:
-                self._link = self._conn.connection_pool.get_connection()
+                self._link = _pool_connection(self._conn.connection_pool)
             self._link.send_command(*command)
         except _LINK_ERRORS:
             self._drop_link()
