@@ -171,7 +171,7 @@ def check_model(cfg: Any, spec: SpaceSpec) -> None:
     if spec.obs_kind == "image":
         _check_conv(model.get("conv"), spec, spec.image_chw, f"image {spec.obs_shape} (layout {spec.obs_layout})")
     if model.get("board") is not None:
-        _check_board(model.board, model.get("conv"), spec)
+        _check_board(model.board, model.get("conv"), spec, obs_what)
     if model.get("action_mask") and not (spec.action_kind == "discrete" and spec.obs_kind == "box"
                                          and spec.obs_dim > spec.action_n):
         raise SpaceError(f"config key 'policy.model.action_mask' is set but env {spec.env_id!r} has {obs_what} and "
@@ -210,15 +210,14 @@ def _check_conv(conv: Any, spec: SpaceSpec, chw: tuple[int, int, int], what: str
                          f"use smaller kernels or strides (the default Nature torso needs at least 36x36)")
 
 
-def _check_board(board: Any, conv: Any, spec: SpaceSpec) -> None:
+def _check_board(board: Any, conv: Any, spec: SpaceSpec, obs_what: str) -> None:
     if not (isinstance(board, (list, tuple)) and len(board) == 3
             and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in board)):
         raise SpaceError(f"config key 'policy.model.board' must be [height, width, planes] positive ints, got {board!r}")
     h, w, c = board
     if spec.obs_kind != "box" or spec.obs_dim < h * w * c:
         raise SpaceError(f"config key 'policy.model.board' {list(board)!r} needs a flat Box observation of at least "
-                         f"{h * w * c} values, but env {spec.env_id!r} has "
-                         f"{'Discrete(%d)' % spec.obs_n if spec.obs_kind == 'discrete' else spec.obs_shape} ({spec.obs_kind})")
+                         f"{h * w * c} values, but env {spec.env_id!r} has {obs_what}")
     _check_conv(conv, spec, (c, h, w), f"board {h}x{w}x{c}")
 
 
