@@ -11,6 +11,7 @@ type does not match the default's.
 from __future__ import annotations
 
 import copy
+import math
 import difflib
 import os
 import runpy
@@ -99,7 +100,14 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
                 # ends it (the run's own limit is commander.max_train_iter).
                 train_iterations=0,
                 log_policy=True,
-                send_policy_freq=4,  # publish weights every N train iterations (on-policy data: every one)
+                # Publish weights every N train iterations (on-policy data: every one). A collector
+                # adopts the newest version once per chunk it sends; with two collectors the learner
+                # trains 2 x n_sample x train_iter_per_env_step iterations meanwhile, >= 64 in every
+                # shipped off-policy preset, so at 16 a collector still acts with weights at most a
+                # quarter of a chunk old. At 4 most versions went unread (CartPole DQN: 4,690
+                # published for 296 chunks), and Redis and the learner paid for each
+                # (docs/performance.md).
+                send_policy_freq=16,
                 send_info_freq=20,  # learner info event every N train iterations
                 # learner_num > 1: seconds a rank waits for the group to form, and for any collective
                 # (a rank waiting for data holds the others); past it the rank fails and the group restarts.
@@ -453,7 +461,40 @@ def _validate(cfg: dict) -> None:
                           f"'zstd', got {codec!r}")
     if cfg["env"]["manager"]["type"] not in ("sync", "async"):
         raise ConfigError(f"config key 'env.manager.type' must be 'sync' or 'async', got {cfg['env']['manager']['type']!r}")
+    _check_limiter(cfg)
     _check_algorithm_keys(cfg)
+
+
+def min_env_step_lead(send_policy_freq: int, ratio: float) -> int:
+    """The least ``max_env_step_lead`` (env steps) with which the replay-ratio limiter cannot stall:
+    the learner may be ``send_policy_freq`` - 1 train iterations past the version whose limit
+    stopped the collectors, and at ``ratio`` train iterations per env step those need
+    ceil((send_policy_freq - 1) / ratio) env steps, one of which the collectors' first step past
+    the limit brings."""
+    return math.ceil((send_policy_freq - 1) / ratio) - 1
+
+
+def _check_limiter(cfg: dict) -> None:
+    """The replay-ratio limiter must not stall: collectors stop ``max_env_step_lead`` env steps past
+    the limit of the last published version, which may be ``send_policy_freq`` - 1 iterations
+    behind the learner; were that lag worth more env steps than the lead, the learner would wait
+    for data the collectors wait to be let send (workers/sources/replay.py)."""
+    learn = cfg["policy"]["learn"]
+    ratio, lead, freq = learn["train_iter_per_env_step"], learn["max_env_step_lead"], learn["learner"]["send_policy_freq"]
+    if freq < 1:
+        raise ConfigError(f"config key 'policy.learn.learner.send_policy_freq' must be >= 1, got {freq!r}")
+    if is_deterministic(cfg) or ratio <= 0 or not cfg.get("create"):
+        return  # deterministic mode publishes every iteration (apply_deterministic)
+    from common.sources import get_source
+
+    if get_source(get_algorithm(cfg["create"]["policy"]["type"]).data_source).replay_buffer:
+        need = min_env_step_lead(freq, ratio)
+        if lead < need:
+            raise ConfigError(f"config key 'policy.learn.max_env_step_lead' = {lead} is below {need}, the env steps "
+                              f"{freq - 1} train iterations take at train_iter_per_env_step {ratio}: the learner "
+                              f"publishes the collectors' limit every send_policy_freq = {freq} iterations, and in "
+                              "between it and the collectors would wait for each other; raise the lead or lower "
+                              "policy.learn.learner.send_policy_freq")
 
 
 def _check_algorithm_keys(cfg: dict) -> None:

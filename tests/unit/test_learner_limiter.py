@@ -22,7 +22,9 @@ import pytest
 from easydict import EasyDict
 
 from common import keys
+from common.config import ConfigError, apply_overrides, compile_config, min_env_step_lead
 from workers.sources import create_source
+from workers.sources.replay import envstep_limit_after, ratio_allows
 
 RATIO, LEAD, START, BATCH = 0.5, 256, 64, 32
 SCHEMA = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
@@ -193,3 +195,32 @@ def test_reader_error_is_raised(fake_redis, cfg):
     call = Call(feeder)
     assert call.returned()
     assert isinstance(call.error, RuntimeError) and "boom" in str(call.error)
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.3, 0.5, 1.0, 2.0])
+@pytest.mark.parametrize("freq", [1, 4, 16])
+def test_the_least_lead_config_accepts_is_the_least_that_never_stalls(ratio, freq):
+    """The learner published the limit of train iteration ``published`` (a multiple of
+    send_policy_freq) and went on to ``published + k``; collectors stopped at their first env step
+    past that limit. With min_env_step_lead the learner can always take its next iteration from
+    what they sent; one env step less and, for some k, both wait for each other."""
+    need = min_env_step_lead(freq, ratio)
+
+    def learner_can_go_on(lead):
+        return all(ratio_allows(published + k, envstep_limit_after(published, START, ratio, lead) + 1, START, ratio)
+                   for published in range(0, 40 * freq, freq) for k in range(freq))
+
+    assert learner_can_go_on(max(need, 0))
+    if need >= 0:
+        assert not learner_can_go_on(need - 1)
+
+
+def test_config_refuses_a_lead_the_limiter_would_stall_on_naming_both_keys():
+    base = ["policy.learn.train_iter_per_env_step=0.5", "policy.learn.learner.send_policy_freq=16"]
+    cfg = compile_config({})
+    apply_overrides(cfg, base + [f"policy.learn.max_env_step_lead={min_env_step_lead(16, 0.5)}"])
+    with pytest.raises(ConfigError, match=r"'policy\.learn\.max_env_step_lead' = 28 .*send_policy_freq"):
+        apply_overrides(cfg, base + ["policy.learn.max_env_step_lead=28"])
+    # Deterministic mode publishes every iteration, whatever send_policy_freq says.
+    det = compile_config({"system": {"deterministic": True}, "policy": {"learn": {"max_env_step_lead": 0}}})
+    assert det.policy.learn.learner.send_policy_freq == 1
