@@ -170,3 +170,22 @@ def test_a_bad_ckpt_name_is_refused_by_name(small_cfg, value, why):
     task["ckpt_name"] = value
     with pytest.raises(TaskError, match=f"field 'ckpt_name' = .* {why}"):
         validate_task(task, "learner")
+
+
+def test_send_info_reports_every_time_but_writes_tensorboard_at_most_once_per_interval(fake_redis, monkeypatch):
+    from workers import learner_hooks
+
+    clock = [100.0]
+    monkeypatch.setattr(learner_hooks.time, "monotonic", lambda: clock[0])
+    written = []
+    tb = SimpleNamespace(add_scalar=lambda tag, v, step: written.append((tag, step)))
+    learner = SimpleNamespace(learn_info={"train_iter": 0}, tb_logger=tb, train_iter=0)
+    hook = learner_hooks.SendInfoHook(fake_redis, "ns", "t1", 20, lambda: {"buffer_size": 5, "policy_lag_p50": 1.0},
+                                      tb_every_s=1.0)
+    for it, dt in ((20, 0.0), (40, 0.3), (60, 0.3), (80, 0.5), (100, 0.2)):  # 0, 0.3, 0.6, 1.1, 1.3 s
+        clock[0] += dt
+        learner.train_iter = it
+        hook(learner)
+    assert fake_redis.xlen(keys.events("ns")) == 5  # every report reaches the coordinator
+    assert sorted({step for _, step in written}) == [20, 80]  # TensorBoard: the first, then 1.1 s later
+    assert {tag for tag, _ in written} == {"learner_info/buffer_size", "learner_info/policy_lag_p50"}
