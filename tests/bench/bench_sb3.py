@@ -24,8 +24,9 @@ background teardown of ``rqrl train`` included, divided by the env-step budget.
 
 Issue 34's goal: rqrl's median last eval >= SB3's; issue 35's: rqrl's CPU s per 1k env steps <= SB3's.
 Each rqrl run also prints its learner process's share of the CPU (summary.json ``learner_cpu_s``;
-the rest is the collectors, evals, coordinator, Redis and start-up) and the learner's scheduler
-and data waits. After the runs, the learner task's loop is timed against the bare in-process loop
+the rest is the collectors, evals, coordinator, Redis and start-up), the learner's scheduler
+and data waits, and the CPU of each part (:class:`ProcessCpu`: the cgroup's processes sampled
+with psutil every 0.5 s, by :func:`process_kind`). After the runs, the learner task's loop is timed against the bare in-process loop
 on each preset (tests/bench/bench_learner_loop.py; ``--loop-repeats 0`` skips it): issue 35's
 "learner train iters/s ÷ the in-process loop's", without the CPU the other processes take.
 """
@@ -40,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -96,9 +98,70 @@ def _process(pid: str) -> Any:
         return None
 
 
-def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict] = None) -> dict[str, Any]:
+def process_kind(cmdline: list[str]) -> str:
+    """Which part of ``rqrl train`` a process is, from its command line or title (RQ's
+    ``rq:worker:{exp}-learner-...`` / ``-collectorN-...``, ``rqrl coordinator ...``): ``learner``,
+    ``collectors`` (the eval worker included), ``coordinator``, ``redis``, or ``launcher``
+    (``rqrl train`` itself and anything else)."""
+    title = " ".join(cmdline)
+    if "redis-server" in title:
+        return "redis"
+    if title.startswith("rqrl coordinator"):
+        return "coordinator"
+    if title.startswith("rq:worker:"):
+        return "learner" if "-learner-" in title else "collectors"
+    return "launcher"
+
+
+class ProcessCpu:
+    """CPU seconds of a cgroup's processes by :func:`process_kind`, sampled every ``every_s``
+    seconds from a thread: a process counts with its last reading, so one that ends between two
+    samples loses at most ``every_s`` of its CPU."""
+
+    def __init__(self, group: Path, every_s: float = 0.5) -> None:
+        import psutil
+
+        self._group, self._every_s, self._psutil = group, every_s, psutil
+        self._last: dict[int, tuple[str, float]] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(self._every_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        try:
+            pids = [int(p) for p in (self._group / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        for pid in pids:
+            try:
+                proc = self._psutil.Process(pid)
+                t = proc.cpu_times()
+                # A process is named once: a worker's work-horse is a fork that keeps its title.
+                kind = self._last[pid][0] if pid in self._last else process_kind(proc.cmdline())
+                self._last[pid] = (kind, t.user + t.system)
+            except self._psutil.Error:
+                continue
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling, after one last reading of the processes still there; CPU seconds by kind."""
+        self._done.set()
+        self._thread.join()
+        self._sample()
+        by: dict[str, float] = {}
+        for kind, cpu in self._last.values():
+            by[kind] = round(by.get(kind, 0.0) + cpu, 1)
+        return by
+
+
+def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict] = None,
+                 split: bool = False) -> dict[str, Any]:
     """Run ``cmd`` to its end and its process tree's end: exit code, wall seconds and CPU seconds
-    (cgroup ``cpuacct.usage`` of the whole tree, else the waited-for children's rusage)."""
+    (cgroup ``cpuacct.usage`` of the whole tree, else the waited-for children's rusage); with
+    ``split`` and a cgroup also ``cpu_by_process``, the tree's CPU by :func:`process_kind`."""
     group = CGROUP_ROOT / f"rqrl-bench-{os.getpid()}-{time.monotonic_ns()}"
     try:
         group.mkdir()
@@ -109,8 +172,10 @@ def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict
     if group is not None:
         # The shell joins the group before it execs the command, so every descendant is counted.
         cmd = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh", *cmd]
+    sampler = ProcessCpu(group) if group is not None and split else None
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall = time.monotonic() - t0
+    by_process: dict[str, float] = {}
     if group is not None:
         import psutil
 
@@ -120,12 +185,14 @@ def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict
             psutil.wait_procs([p for p in map(_process, pids) if p is not None],
                               timeout=max(0.1, deadline - time.monotonic()))
         cpu, how = int((group / "cpuacct.usage").read_text()) / 1e9, "cgroup"
+        if sampler is not None:
+            by_process = sampler.stop()
         group.rmdir()
     else:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu, how = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), "rusage"
     return {"rc": proc.returncode, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "cpu_by": how,
-            "tail": (proc.stdout + proc.stderr)[-2000:]}
+            "tail": (proc.stdout + proc.stderr)[-2000:], **({"cpu_by_process": by_process} if by_process else {})}
 
 
 def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool, work: Path) -> dict[str, Any]:
@@ -138,7 +205,7 @@ def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool
     if algo_of(env_id) == "dqn":  # greedy evals (SAC's evals play the mean action already)
         cmd += ["--set", "policy.eval.eps=0.0", "--set", f"policy.learn.double={double}"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = run_measured(cmd, work, timeout_s=max(1800, budget / 20), env=env)
+    out = run_measured(cmd, work, timeout_s=max(1800, budget / 20), env=env, split=True)
     run = work / exp / "latest"
     summary = json.loads((run / "summary.json").read_text())
     evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines() if line.strip()]
@@ -228,7 +295,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                       + (f"  (learner {row['learner_cpu_s']} s, {row['learner_cpu_s'] / row['cpu_s']:.0%}; "
                          f"rest {row['cpu_s'] - row['learner_cpu_s']:.1f} s; learner sched wait "
                          f"{row.get('learner_sched_wait_share')}, data wait {row.get('learner_wait_share')})"
-                         if row.get("learner_cpu_s") else ""), flush=True)
+                         if row.get("learner_cpu_s") else "")
+                      + ("  CPU s by process: " + ", ".join(f"{k} {v}" for k, v in sorted(row["cpu_by_process"].items()))
+                         if row.get("cpu_by_process") else ""), flush=True)
     print("\n| env | budget | rqrl last eval (median) | SB3 last eval (median) | rqrl CPU s / 1k | SB3 CPU s / 1k | ratio |")
     print("|---|---|---|---|---|---|---|")
     for env_id in args.envs:

@@ -148,3 +148,28 @@ def test_learner_loop_bench_times_the_learner_tasks_hooks():
     assert all(v > 0 for k, v in parts.items() if k != "finite check and bookkeeping")
     assert res["data_source_us_after_publication"] > 0 and res["data_source_us_otherwise"] > 0
     assert res["bare_cpu_us"] > 0 and res["learner_cpu_us"] > 0 and len(res["cpu_us_per_block"]["learner"]) == 2
+
+
+def test_bench_sb3_names_each_process_of_rqrl_train_by_its_title():
+    from tests.bench.bench_sb3 import process_kind
+
+    assert process_kind(["rq:worker:bench_sb3_mountaincar_v0-learner-13985: Processing workers.learner.run"]) == "learner"
+    assert process_kind(["rq:worker:bench_sb3_mountaincar_v0-collector2-13985: Listening on collector"]) == "collectors"
+    assert process_kind(["rqrl coordinator bench_sb3_mountaincar_v0/20261206T143604Z-s0"]) == "coordinator"
+    assert process_kind(["/usr/bin/redis-server 127.0.0.1:36071"]) == "redis"
+    assert process_kind(["/venv/bin/python", "-m", "coordinator.cli", "train", "x.py"]) == "launcher"
+
+
+def test_process_cpu_counts_a_groups_processes_by_kind(tmp_path):
+    import os
+    import time
+
+    from tests.bench.bench_sb3 import ProcessCpu
+
+    (tmp_path / "cgroup.procs").write_text(f"{os.getpid()}\n")  # a stand-in for a cgroup: this process
+    sampler = ProcessCpu(tmp_path, every_s=0.01)
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.2:  # CPU to count (bounded by CPU time, not wall)
+        sum(range(1000))
+    by = sampler.stop()  # its last reading, at the stop, counts this process whatever the thread saw
+    assert set(by) == {"launcher"} and by["launcher"] >= 0.2
