@@ -134,18 +134,6 @@ def frozen_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module).requires_grad_(False)
 
 
-def clip_grad_norm(params: Any, max_norm: float) -> torch.Tensor:
-    """``nn.utils.clip_grad_norm_`` with its multi-tensor (foreach) kernels on every device: torch
-    picks them only for CUDA by default, and on the CPU they cut the clip of a 256x256 DQN from a
-    loop of per-tensor ops (~70 µs of a 2.5 ms MountainCar train iteration,
-    tests/bench/bench_learner_loop.py). Returns the total gradient norm before clipping (0-d)."""
-    params = list(params)
-    try:
-        return nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    except RuntimeError:  # a device without foreach kernels
-        return nn.utils.clip_grad_norm_(params, max_norm)
-
-
 def adam(params: Any, lr: float) -> torch.optim.Optimizer:
     """Adam, fused where this torch build supports it (one kernel instead of a loop per tensor)."""
     params = list(params)

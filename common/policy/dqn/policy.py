@@ -131,7 +131,7 @@ class DQNPolicy(Policy):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if lc.grad_clip_norm > 0:
-            nets.clip_grad_norm(self.model.parameters(), lc.grad_clip_norm)
+            nn.utils.clip_grad_norm_(self.model.parameters(), lc.grad_clip_norm)
         self.optimizer.step()
 
         self._updates += 1

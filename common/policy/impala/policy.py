@@ -170,7 +170,7 @@ class ImpalaPolicy(PPOPolicy):
         loss = policy_loss + lc.value_weight * value_loss - lc.entropy_weight * mean_entropy
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nets.clip_grad_norm(self.model.parameters(), lc.grad_clip_norm if lc.grad_clip_norm > 0 else math.inf)
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), lc.grad_clip_norm if lc.grad_clip_norm > 0 else math.inf)
         self.optimizer.step()
         with torch.no_grad():
             ratio = (logp.detach() - f32["logp"]).exp()

@@ -210,7 +210,7 @@ class PPOPolicy(Policy):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if lc.grad_clip_norm > 0:
-                    nets.clip_grad_norm(self.model.parameters(), lc.grad_clip_norm)
+                    nn.utils.clip_grad_norm_(self.model.parameters(), lc.grad_clip_norm)
                 self.optimizer.step()
                 with torch.no_grad():
                     stats["approx_kl"].append(((ratio - 1) - log_ratio).mean().item())

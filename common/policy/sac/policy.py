@@ -173,7 +173,7 @@ class SACPolicy(Policy):
         self.q_optimizer.zero_grad(set_to_none=True)
         q_loss.backward()
         if lc.grad_clip_norm > 0:
-            nets.clip_grad_norm([*self.q1.parameters(), *self.q2.parameters()], lc.grad_clip_norm)
+            nn.utils.clip_grad_norm_([*self.q1.parameters(), *self.q2.parameters()], lc.grad_clip_norm)
         self.q_optimizer.step()
 
         a, logp = self.model.actor.sample(obs)
