@@ -103,10 +103,11 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
                 # Publish weights every N train iterations (on-policy data: every one). A collector
                 # adopts the newest version once per chunk it sends; with two collectors the learner
                 # trains 2 x n_sample x train_iter_per_env_step iterations meanwhile, >= 64 in every
-                # shipped off-policy preset, so at 16 a collector still acts with weights at most a
-                # quarter of a chunk old. At 4 most versions went unread (CartPole DQN: 4,690
+                # shipped off-policy preset: the weights a collector acts with age by that much, and
+                # 16 adds at most 15 to it. At 4 most versions went unread (CartPole DQN: 4,690
                 # published for 296 chunks), and Redis and the learner paid for each
-                # (docs/performance.md).
+                # (docs/performance.md). Collectors stop at the limit of the last version published:
+                # policy.learn.max_env_step_lead must cover the iterations since (min_env_step_lead).
                 send_policy_freq=16,
                 send_info_freq=20,  # learner info event every N train iterations
                 # learner_num > 1: seconds a rank waits for the group to form, and for any collective

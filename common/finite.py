@@ -123,9 +123,9 @@ class StepCheck:
         if not grads:
             return
         with torch.no_grad():
-            if self._numpy:
+            if self._numpy and all(g.layout == torch.strided for _, g in grads):  # not sparse gradients
                 with np.errstate(over="ignore", invalid="ignore"):
-                    if math.isfinite(sum(np.add.reduce(g.numpy(), axis=None) for _, g in grads)):
+                    if math.isfinite(sum(np.add.reduce(g.detach().numpy(), axis=None) for _, g in grads)):
                         return
             elif bool(torch.stack([g.sum() for _, g in grads]).sum().isfinite()):
                 return

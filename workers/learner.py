@@ -58,8 +58,8 @@ from workers.checkpoints import CheckpointStore
 from workers.comm_learner import BufferReader, ShardReaders
 from workers.ddp import LearnerGroup, join
 from workers.learner_hooks import (BroadcastStateHook, FeedbackHook, LearnerHook, LoadCkptHook, LogShowHook,
-                                   PhaseHook, PublishPolicyHook, SaveCkptHook, SendInfoHook, build_hooks,
-                                   periodic_ckpt_hooks)
+                                   PhaseHook, PublishPolicyHook, SaveCkptHook, SendInfoAfterRunHook, SendInfoHook,
+                                   build_hooks, periodic_ckpt_hooks)
 from workers.publication import PolicyPublisher
 from workers.sources import DataSource, create_source
 from workers.task import TaskContext, open_task, task_scope
@@ -423,7 +423,8 @@ def task_hooks(lcfg: EasyDict, role: LearnerRole, conn: redis.Redis, ns: str, ta
                     iterations or save_ckpt_every_s seconds) ·
                     publish_policy (lead, every send_policy_freq) · log_show (every log_show_after_iter) ·
                     send_info (lead, every send_info_freq)
-        after_run   save_ckpt (lead): final, then role.ckpt_name
+        after_run   save_ckpt (lead): final, then role.ckpt_name · send_info (lead: the last
+                    learner_info figures TensorBoard did not get)
 
     The group takes rank 0's weights after it loaded its checkpoint and before they are first
     published, so collectors start from the resumed weights, the same on every rank; the run
@@ -447,7 +448,9 @@ def task_hooks(lcfg: EasyDict, role: LearnerRole, conn: redis.Redis, ns: str, ta
     if hook_cfg.log_show_after_iter > 0:
         after_iter.append(LogShowHook(hook_cfg.log_show_after_iter))
     if role.lead:
-        after_iter.append(SendInfoHook(conn, ns, task_id, info_freq, stats))
+        send_info = SendInfoHook(conn, ns, task_id, info_freq, stats)
+        after_iter.append(send_info)
+        after_run.append(SendInfoAfterRunHook(send_info))
     return before_run + after_iter + after_run
 
 

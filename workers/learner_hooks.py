@@ -201,17 +201,39 @@ class SendInfoHook(LearnerHook):
         super().__init__("send_info_after_iter", "after_iter", freq=freq)
         self._conn, self._exp, self._task_id, self._stats = conn, exp, task_id, stats
         self._tb_every_s, self._tb_at = float(tb_every_s), -math.inf
+        self._unwritten: Optional[tuple[dict[str, Any], int]] = None  # the last figures kept from TensorBoard
 
     def __call__(self, learner: BaseLearner) -> None:
         info = {k: v for k, v in learner.learn_info.items() if isinstance(v, (int, float, bool, str))}
         stats = self._stats()
         info.update(stats)
         events.emit(self._conn, self._exp, "learner_info", self._task_id, "learner", **info)
+        self._unwritten = (stats, learner.train_iter)
         now = time.monotonic()
-        if learner.tb_logger is not None and now - self._tb_at >= self._tb_every_s:
-            self._tb_at = now  # policy lag, stale data, buffer figures against train_iter
+        if now - self._tb_at >= self._tb_every_s:
+            self._tb_at = now
+            self.write_unwritten(learner)
+
+    def write_unwritten(self, learner: BaseLearner) -> None:
+        """Write the last report's figures to TensorBoard (policy lag, stale data, buffer figures
+        against train_iter) unless they were; also after the run (:class:`SendInfoAfterRunHook`)."""
+        if self._unwritten is not None and learner.tb_logger is not None:
+            stats, train_iter = self._unwritten
             for k, v in stats.items():
-                learner.tb_logger.add_scalar(f"learner_info/{k}", v, learner.train_iter)
+                learner.tb_logger.add_scalar(f"learner_info/{k}", v, train_iter)
+        self._unwritten = None
+
+
+class SendInfoAfterRunHook(LearnerHook):
+    """After the run: the last learner_info figures :class:`SendInfoHook` kept from TensorBoard
+    (its once-per-interval limit), so a run's curves end at its end."""
+
+    def __init__(self, send_info: SendInfoHook) -> None:
+        super().__init__("send_info_after_run", "after_run")
+        self._send_info = send_info
+
+    def __call__(self, learner: BaseLearner) -> None:
+        self._send_info.write_unwritten(learner)
 
 
 def periodic_ckpt_hooks(hook_cfg: Any) -> list[LearnerHook]:

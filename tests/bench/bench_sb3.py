@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -98,18 +99,23 @@ def _process(pid: str) -> Any:
         return None
 
 
+# A worker's role in its title: ``rqrl learner1 {ns}`` as forked, ``rq:worker:{exp}-learner1-{pid}: ...``
+# once RQ names it.
+_ROLE = re.compile(r"(?:^rqrl |-)(learner|collector)\d*[ -]")
+
+
 def process_kind(cmdline: list[str]) -> str:
-    """Which part of ``rqrl train`` a process is, from its command line or title (RQ's
-    ``rq:worker:{exp}-learner-...`` / ``-collectorN-...``, ``rqrl coordinator ...``): ``learner``,
-    ``collectors`` (the eval worker included), ``coordinator``, ``redis``, or ``launcher``
-    (``rqrl train`` itself and anything else)."""
+    """Which part of ``rqrl train`` a process is, from its command line or title: ``learner``
+    (every rank), ``collectors`` (the eval worker included), ``coordinator``, ``redis``, or
+    ``launcher`` (``rqrl train`` itself and anything else)."""
     title = " ".join(cmdline)
     if "redis-server" in title:
         return "redis"
     if title.startswith("rqrl coordinator"):
         return "coordinator"
-    if title.startswith("rq:worker:"):
-        return "learner" if "-learner-" in title else "collectors"
+    role = _ROLE.search(title) if title.startswith(("rq:worker:", "rqrl ")) else None
+    if role is not None:
+        return "learner" if role.group(1) == "learner" else "collectors"
     return "launcher"
 
 
@@ -140,8 +146,9 @@ class ProcessCpu:
             try:
                 proc = self._psutil.Process(pid)
                 t = proc.cpu_times()
-                # A process is named once: a worker's work-horse is a fork that keeps its title.
-                kind = self._last[pid][0] if pid in self._last else process_kind(proc.cmdline())
+                kind = self._last[pid][0] if pid in self._last else "launcher"
+                if kind == "launcher":  # a forked worker takes its title a moment after the fork
+                    kind = process_kind(proc.cmdline())
                 self._last[pid] = (kind, t.user + t.system)
             except self._psutil.Error:
                 continue
@@ -153,8 +160,8 @@ class ProcessCpu:
         self._sample()
         by: dict[str, float] = {}
         for kind, cpu in self._last.values():
-            by[kind] = round(by.get(kind, 0.0) + cpu, 1)
-        return by
+            by[kind] = by.get(kind, 0.0) + cpu
+        return {k: round(v, 1) for k, v in by.items()}
 
 
 def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict] = None,

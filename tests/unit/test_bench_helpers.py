@@ -154,6 +154,9 @@ def test_bench_sb3_names_each_process_of_rqrl_train_by_its_title():
     from tests.bench.bench_sb3 import process_kind
 
     assert process_kind(["rq:worker:bench_sb3_mountaincar_v0-learner-13985: Processing workers.learner.run"]) == "learner"
+    assert process_kind(["rq:worker:bench_sb3_mountaincar_v0-learner1-13985: Forked 14056"]) == "learner"  # rank 1
+    assert process_kind(["rqrl learner bench_sb3_mountaincar_v0/20261206T143604Z-s0"]) == "learner"  # before RQ names it
+    assert process_kind(["rqrl collector2 bench_sb3_mountaincar_v0/20261206T143604Z-s0"]) == "collectors"
     assert process_kind(["rq:worker:bench_sb3_mountaincar_v0-collector2-13985: Listening on collector"]) == "collectors"
     assert process_kind(["rqrl coordinator bench_sb3_mountaincar_v0/20261206T143604Z-s0"]) == "coordinator"
     assert process_kind(["/usr/bin/redis-server 127.0.0.1:36071"]) == "redis"

@@ -27,7 +27,7 @@ DOCUMENTED_ORDER = [
     "load_ckpt_before_run", "broadcast_state_before_run", "publish_policy_before_run", "phase_first_policy_before_run",
     "phase_first_train_step_after_iter", "source_feedback_after_iter", "save_ckpt_after_iter",
     "publish_policy_after_iter", "log_show_after_iter", "send_info_after_iter",
-    "save_ckpt_after_run",
+    "save_ckpt_after_run", "send_info_after_run",
 ]
 
 
@@ -189,3 +189,8 @@ def test_send_info_reports_every_time_but_writes_tensorboard_at_most_once_per_in
     assert fake_redis.xlen(keys.events("ns")) == 5  # every report reaches the coordinator
     assert sorted({step for _, step in written}) == [20, 80]  # TensorBoard: the first, then 1.1 s later
     assert {tag for tag, _ in written} == {"learner_info/buffer_size", "learner_info/policy_lag_p50"}
+    learner.train_iter = 120  # the run ends: the last report's figures (train iter 100) are written
+    learner_hooks.SendInfoAfterRunHook(hook)(learner)
+    assert sorted({step for _, step in written}) == [20, 80, 100]
+    learner_hooks.SendInfoAfterRunHook(hook)(learner)  # nothing left: nothing twice
+    assert len(written) == 6
