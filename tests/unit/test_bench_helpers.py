@@ -141,8 +141,9 @@ def test_learner_loop_bench_times_the_learner_tasks_hooks():
     after-iteration hook it registers is timed, and the parts add up to the learner's iteration."""
     from tests.bench.bench_learner_loop import measure
 
-    # 26 iterations after the 100 of warm-up, so send_info (every 20 iterations) runs in them
-    res = measure("cartpole_dqn", block=13, repeats=2)
+    # 32 iterations after the 100 of warm-up: send_info (every 20 iterations) runs in them, and a
+    # publication (every send_policy_freq = 16) in each block of 16
+    res = measure("cartpole_dqn", block=16, repeats=2)
     parts = res["learner_parts_us"]
     assert {"policy.learn", "data source", "publish_policy", "send_info", "finite check and bookkeeping"} <= set(parts)
     assert all(v > 0 for k, v in parts.items() if k != "finite check and bookkeeping")
