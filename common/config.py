@@ -425,10 +425,7 @@ def _validate(cfg: dict) -> None:
     create = cfg.get("create") or {}
     learner_num = cfg["policy"]["learn"]["learner_num"]
     if (rb.get("priority") or learner_num > 1) and create:
-        from common.sources import get_source
-
-        algo = get_algorithm(create["policy"]["type"])
-        source = get_source(algo.data_source)
+        algo, source = _algorithm_and_source(create)
         if rb.get("priority") and not source.replay_buffer:
             raise ConfigError(f"config key 'policy.other.replay_buffer.priority' is True but {algo.name!r} learns from "
                               f"{algo.data_source} data, not from a replay buffer")
@@ -466,6 +463,14 @@ def _validate(cfg: dict) -> None:
     _check_algorithm_keys(cfg)
 
 
+def _algorithm_and_source(create: dict) -> tuple[Any, Any]:
+    """The algorithm ``create.policy.type`` names and the spec of its data source (common/sources.py)."""
+    from common.sources import get_source
+
+    algo = get_algorithm(create["policy"]["type"])
+    return algo, get_source(algo.data_source)
+
+
 def min_env_step_lead(send_policy_freq: int, ratio: float) -> int:
     """The least ``max_env_step_lead`` (env steps) with which the replay-ratio limiter cannot stall:
     the learner may be ``send_policy_freq`` - 1 train iterations past the version whose limit
@@ -486,9 +491,7 @@ def _check_limiter(cfg: dict) -> None:
         raise ConfigError(f"config key 'policy.learn.learner.send_policy_freq' must be >= 1, got {freq!r}")
     if is_deterministic(cfg) or ratio <= 0 or not cfg.get("create"):
         return  # deterministic mode publishes every iteration (apply_deterministic)
-    from common.sources import get_source
-
-    if get_source(get_algorithm(cfg["create"]["policy"]["type"]).data_source).replay_buffer:
+    if _algorithm_and_source(cfg["create"])[1].replay_buffer:
         need = min_env_step_lead(freq, ratio)
         if lead < need:
             raise ConfigError(f"config key 'policy.learn.max_env_step_lead' = {lead} is below {need}, the env steps "

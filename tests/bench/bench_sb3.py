@@ -139,12 +139,12 @@ class ProcessCpu:
 
     def _sample(self) -> None:
         try:
-            pids = [int(p) for p in (self._group / "cgroup.procs").read_text().split()]
+            pids = (self._group / "cgroup.procs").read_text().split()
         except OSError:
             return
-        for pid in pids:
+        for proc in filter(None, map(_process, pids)):
+            pid = proc.pid
             try:
-                proc = self._psutil.Process(pid)
                 t = proc.cpu_times()
                 kind = self._last[pid][0] if pid in self._last else "launcher"
                 if kind == "launcher":  # a forked worker takes its title a moment after the fork
