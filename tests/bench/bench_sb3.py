@@ -14,7 +14,8 @@ background teardown of ``rqrl train`` included, divided by the env-step budget.
   budget as ``commander.max_env_step``, an eval every ``--eval-every`` env steps on 5 greedy
   episodes (DQN: ``policy.eval.eps=0``, and SB3's plain-max target, ``policy.learn.double=False``,
   unless ``--double``; SAC evals play the mean action); its last eval is the closing eval at the
-  budget (summary.json ``final_eval``). The DQN presets copy rl-zoo's numbers; Pendulum's SAC
+  budget (summary.json ``final_eval``); ``--rqrl-arg`` adds arguments (``--deterministic``: one
+  collector, synchronous, as one process) and ``--rqrl-config`` trains another config file on the env. The DQN presets copy rl-zoo's numbers; Pendulum's SAC
   preset is DI-engine's (hidden 128, batch 128, 1,000 random env steps first), not rl-zoo's.
 - SB3: rl-zoo3's ``hyperparams/dqn.yml`` entry for the env (``sac.yml`` for Pendulum-v1, SB3's
   ``SAC``; ``policy_kwargs`` as rl-zoo reads it), ``seed=S``, the same budget, and SB3's ``EvalCallback`` every ``--eval-every`` env steps
@@ -202,15 +203,18 @@ def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict
             "tail": (proc.stdout + proc.stderr)[-2000:], **({"cpu_by_process": by_process} if by_process else {})}
 
 
-def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool, work: Path) -> dict[str, Any]:
+def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool, work: Path,
+              extra: tuple[str, ...] = (), config: Optional[Path] = None) -> dict[str, Any]:
     exp = f"bench_sb3_{env_id.replace('-', '_').lower()}"
-    cmd = [sys.executable, "-m", "coordinator.cli", "train", str(REPO / "deploy" / "configs" / PRESETS[env_id]),
-           "--seed", str(seed), "--set", f"exp_name={exp}", "--set", "env.stop_value=1e9",
+    config = config or REPO / "deploy" / "configs" / PRESETS[env_id]
+    cmd = [sys.executable, "-m", "coordinator.cli", "train", str(config), "--seed", str(seed),
+           "--set", f"env.env_id={env_id}", "--set", f"exp_name={exp}", "--set", "env.stop_value=1e9",
            "--set", f"commander.max_env_step={budget}", "--set", "commander.max_wall_seconds=0",
            "--set", f"commander.eval_every_env_step={eval_every}", "--set", "commander.eval_every_train_iter=0",
            "--set", "commander.eval_interval=0", "--set", f"env.n_evaluator_episode={EVAL_EPISODES}"]
     if algo_of(env_id) == "dqn":  # greedy evals (SAC's evals play the mean action already)
         cmd += ["--set", "policy.eval.eps=0.0", "--set", f"policy.learn.double={double}"]
+    cmd += list(extra)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = run_measured(cmd, work, timeout_s=max(1800, budget / 20), env=env, split=True)
     run = work / exp / "latest"
@@ -276,6 +280,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap.add_argument("--double", action="store_true", help="rqrl with its double-DQN target (SB3 has none)")
     ap.add_argument("--sb3-threads", type=int, default=1, help="torch threads of the SB3 side")
     ap.add_argument("--sides", nargs="+", default=["rqrl", "sb3"], choices=["rqrl", "sb3"])
+    ap.add_argument("--rqrl-config", default=None, help="the rqrl side's config file instead of the env's preset")
+    ap.add_argument("--rqrl-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument of the rqrl side's rqrl train (repeat it), e.g. --rqrl-arg=--deterministic")
     ap.add_argument("--loop-repeats", type=int, default=16,
                     help="blocks per side of the learner-loop part (tests/bench/bench_learner_loop.py); 0: skip it")
     ap.add_argument("--json", default=None)
@@ -285,13 +292,16 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         sb3_child(args.sb3_child, args.seeds[0], args.eval_every, args.budget, args.sb3_threads, Path(args.json))
         return {}
     out: dict[str, Any] = {"load_average_start": os.getloadavg(), "double": args.double,
-                           "sb3_threads": args.sb3_threads, "runs": []}
+                           "sb3_threads": args.sb3_threads, "rqrl_args": args.rqrl_arg + (["--rqrl-config", args.rqrl_config] if args.rqrl_config else []),
+                           "runs": []}
     for env_id in args.envs:
         budget = args.budget or zoo_kwargs(zoo_table(algo_of(env_id))[env_id])[1]
         for seed in args.seeds:
             for side in args.sides:  # one after the other: the sides never share the cores
                 with tempfile.TemporaryDirectory(prefix="rqrl-bench-sb3-") as tmp:
-                    row = (rqrl_side(env_id, seed, budget, args.eval_every, args.double, Path(tmp)) if side == "rqrl"
+                    row = (rqrl_side(env_id, seed, budget, args.eval_every, args.double, Path(tmp), tuple(args.rqrl_arg),
+                                     Path(args.rqrl_config).resolve() if args.rqrl_config else None)
+                           if side == "rqrl"
                            else sb3_side(env_id, seed, budget, args.eval_every, args.sb3_threads, Path(tmp)))
                 row.update(env=env_id, seed=seed, side=side, budget=budget,
                            cpu_s_per_1k=round(row["cpu_s"] / budget * 1000, 2), load_average=os.getloadavg())

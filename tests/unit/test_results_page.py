@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.bench import results
 from tests.conftest import REPO
 
@@ -33,6 +35,12 @@ def _sweep(root: Path, exp: str, runs: list[dict], **table) -> Path:
     return sweep_dir
 
 
+def _page(out: Path, *args: str) -> str:
+    """``results.main(args)`` with its records and page under ``out``; the page."""
+    assert results.main([*args, "--results-dir", str(out / "results"), "--out", str(out / "results.md")]) == 0
+    return (out / "results.md").read_text()
+
+
 def test_a_sweep_taken_in_gives_the_page_its_figures_curve_and_raw_files(tmp_path):
     out = tmp_path / "docs"
     sweep = _sweep(tmp_path / "work", "cartpole_dqn", [
@@ -45,9 +53,7 @@ def test_a_sweep_taken_in_gives_the_page_its_figures_curve_and_raw_files(tmp_pat
     old = _sweep(tmp_path / "work", "acrobot_dqn", [
         {"seed": 0, "solved": False, "envstep": 5000, "wall": 30.0, "evals": [(5000, -300.0)]}],
         env_id="Acrobot-v1", stop_value=-100.0)
-    assert results.main(["--add", str(sweep), str(old), "--results-dir", str(out / "results"),
-                         "--out", str(out / "results.md")]) == 0
-    page = (out / "results.md").read_text()
+    page = _page(out, "--add", str(sweep), str(old))
     assert ("| [cartpole_dqn](#cartpole_dqn) | CartPole-v1 | dqn | 3 | 2/3 | 3,000 [2,000, 4,000] | 30 [20, 40] "
             "| 200.0 [120.0, 250.0] (195) | 210.0 [100.0, 230.0] | 9,000 env steps |") in page
     assert "`rqrl sweep --env CartPole-v1 --algo dqn --seeds 0,1,2 --set commander.max_env_step=9000`" in page
@@ -87,3 +93,47 @@ def test_the_page_covers_classic_control_over_five_seeds_and_minatar_over_three(
             assert records[p.path.stem].table["env_id"] == p.env_id
     assert len(records["minatar_breakout_dqn"].table["runs"]) >= 3
     assert all((r.folder / "curve.png").is_file() for r in records.values())
+
+
+def _bench_sb3(path: Path, rows: list[tuple[str, int, str, float, int]]) -> Path:
+    """A bench_sb3 --json output: rows of (env, seed, side, last eval, exit code)."""
+    path.write_text(json.dumps({"runs": [
+        {"env": env, "seed": seed, "side": side, "last_eval": last, "rc": rc, "budget": 50_000, "cpu_s_per_1k": 1.5}
+        for env, seed, side, last, rc in rows]}))
+    return path
+
+
+def test_the_sb3_column_pairs_seeds_both_sides_ran_and_a_later_file_replaces_a_row(tmp_path, monkeypatch):
+    older = _bench_sb3(tmp_path / "a.json", [
+        ("CartPole-v1", 0, "rqrl", 100.0, 2), ("CartPole-v1", 0, "sb3", 300.0, 0),
+        ("CartPole-v1", 1, "rqrl", 500.0, 2), ("CartPole-v1", 1, "sb3", 200.0, 0),
+        ("Acrobot-v1", 0, "rqrl", -90.0, 2), ("Acrobot-v1", 0, "sb3", -80.0, 0)])
+    newer = _bench_sb3(tmp_path / "b.json", [
+        ("CartPole-v1", 0, "rqrl", 400.0, 2),          # replaces seed 0's 100.0
+        ("CartPole-v1", 2, "rqrl", 9999.0, 2),         # no SB3 run of seed 2: not counted
+        ("Acrobot-v1", 1, "rqrl", 0.0, 1), ("Acrobot-v1", 1, "sb3", -500.0, 0)])  # rqrl failed: not counted
+    monkeypatch.setitem(results.SB3_WHY, "Acrobot-v1", "measured cause here.")
+    out = tmp_path / "docs"
+    page = _page(out, "--sb3-add", str(older), str(newer))
+    assert ("| CartPole-v1 | dqn | 50,000 | 0,1 | 450.0 [400.0, 500.0] | 250.0 [200.0, 300.0] | yes "
+            "| 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] |") in page
+    assert "| Acrobot-v1 | dqn | 50,000 | 0 | -90.0 | -80.0 | no |" in page
+    assert "rqrl's median last eval is at least SB3's on 1 of 2 envs." in page
+    assert "- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here." in page
+    assert "9999" not in page and "-500" not in page
+    links = re.findall(r"\]\(([^)#]+)\)", page)
+    assert "results/sb3/a.json" in links and all((out / link).is_file() for link in links), links
+
+
+def test_a_file_that_is_not_a_bench_sb3_output_is_refused_by_name(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"runs": [{"env": "CartPole-v1", "seed": 0, "side": "rqrl", "rc": 0, "budget": 1}]}))
+    with pytest.raises(ValueError, match=r"bad.json: runs\[0\] has no 'last_eval'"):
+        results.add_sb3(bad, tmp_path / "results")
+    bad.write_text(json.dumps([1, 2]))
+    with pytest.raises(ValueError, match="not a bench_sb3 output"):
+        results.add_sb3(bad, tmp_path / "results")
+    bad.write_text(json.dumps({"rqrl_args": ["--deterministic"], "runs": []}))
+    with pytest.raises(ValueError, match=r"extra arguments \['--deterministic'\]"):
+        results.add_sb3(bad, tmp_path / "results")
+    assert not (tmp_path / "results" / "sb3" / "bad.json").exists()
