@@ -318,7 +318,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     print("\n| env | budget | rqrl last eval (median) | SB3 last eval (median) | rqrl CPU s / 1k | SB3 CPU s / 1k | ratio |")
     print("|---|---|---|---|---|---|---|")
     for env_id in args.envs:
-        rows = {s: [r for r in out["runs"] if r["env"] == env_id and r["side"] == s and r["rc"] in (0, 2)]
+        rows = {s: [r for r in out["runs"] if r["env"] == env_id and r["side"] == s and reached_budget(r)]
                 for s in ("rqrl", "sb3")}
         med = {s: (statistics.median([r["last_eval"] for r in rs if r.get("last_eval") is not None] or [float("nan")]),
                    statistics.median([r["cpu_s_per_1k"] for r in rs] or [float("nan")])) for s, rs in rows.items()}
@@ -340,5 +340,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     return out
 
 
+def reached_budget(row: dict[str, Any]) -> bool:
+    """Whether a run row ran to its budget: exit 0, or rqrl's 2 (the unreachable stop value not met)."""
+    return row["rc"] == 0 or (row["side"] == "rqrl" and row["rc"] == 2)
+
+
 if __name__ == "__main__":
-    main()
+    result = main()
+    sys.exit(0 if all(reached_budget(r) for r in result.get("runs", [])) else 1)

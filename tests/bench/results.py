@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from tests.bench.bench_sb3 import algo_of
+from tests.bench.bench_sb3 import algo_of, reached_budget
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "docs" / "results"
@@ -195,7 +195,8 @@ def run_plan(names: list[str], workdir: Path, results_dir: Path = RESULTS_DIR) -
 # ---------------------------------------------------------------- the SB3 column
 
 # Why rqrl's median last eval is below SB3's, per env, where it is (measured; the page says so).
-# The runs named here are bench_sb3 runs with --rqrl-config / --rqrl-arg, raw under docs/bench/.
+# The runs named here are bench_sb3 runs with --rqrl-config / --rqrl-arg, raw under docs/bench/
+# ({bench}: its path from the page).
 SB3_WHY: dict[str, str] = {
     "CartPole-v1": (
         "the preset is DI-engine's CartPole config (128x128 dueling head, 3-step returns, discount 0.97), made to "
@@ -205,35 +206,35 @@ SB3_WHY: dict[str, str] = {
         "steps, the target copied every 128 train iterations: SB3 copies it every 10 env steps between bursts of "
         "128 updates, so each burst trains against the weights it began with), rqrl's last evals at seeds 0-4 are "
         "500.0, 500.0, 500.0, 403.8, 500.0: median 500.0, level with SB3 "
-        "([raw](bench/2026-12-06-sb3-why-cartpole-zoo.json))."),
+        "([raw]({bench}/2026-12-06-sb3-why-cartpole-zoo.json))."),
     "Acrobot-v1": (
         "the preset is DI-engine's CartPole settings, which pass -100 in 25,000-90,000 env steps (the table above) "
         "and improve little after. With rl-zoo's Acrobot numbers instead (which are its LunarLander ones: "
         "`--rqrl-config deploy/configs/lunarlander_dqn.py`), rqrl's last evals at seeds 0-4 are -75.0, -80.8, -92.4, "
-        "-74.4, -71.4: median -75.0 against SB3's -73.6, inside SB3's own spread over seeds (-78.2 to -69.4) "
-        "([raw](bench/2026-12-06-sb3-why-acrobot-zoo.json))."),
+        "-74.4, -71.4: median -75.0, 1.4 below SB3's -73.6 and inside SB3's own spread over seeds (-78.2 to -69.4) "
+        "([raw]({bench}/2026-12-06-sb3-why-acrobot-zoo.json))."),
     "LunarLander-v3": (
-        "no cause beyond chance was found: one seed run again gives a different last eval on either side (rqrl's "
-        "collection is asynchronous; SB3 scored -19.8, 34.0 and 103.5 in three runs of seed 1, rqrl -17.0 to 238.2 "
-        "in five of seed 0), and over all eleven runs each side made on this machine on 2026-12-06 with this "
-        "protocol (the raw files below and docs/bench/2026-12-06-sb3*.json; rqrl's from four commits of the same "
-        "DQN, publishing weights every 4 or 16 train iterations) the medians are rqrl 166.5 and SB3 117.9."),
+        "no cause found, and five single runs per side do not separate the two: one seed run again gives a "
+        "different last eval on either side (SB3 scored -19.8, 34.0 and 103.5 in three runs of seed 1; rqrl, whose "
+        "collection is asynchronous, -17.0 to 238.2 in five runs of seed 0 on code states that differ in how often "
+        "the learner publishes weights: docs/bench/2026-12-06-sb3*.json), wider than the gap between the medians. "
+        "Per seed, SB3 is ahead on seeds 0, 2 and 3 here, rqrl on 1 and 4."),
     "MountainCar-v0": (
         "a real gap, cause not found. At the budget rqrl's greedy policy reaches the flag in none of the 5 eval "
         "episodes (-200.0) in 6 of its 11 runs on this machine on 2026-12-06 (median -200.0), SB3's in 1 of 11 "
         "(median -122.2). Not the "
-        "asynchrony: `--deterministic` (one collector worker, synchronous, every env step on the learner's newest "
-        "weights) scores -200.0, -178.0, -200.0, -200.0, -192.8 at seeds 0-4 "
-        "([raw](bench/2026-12-06-sb3-why-mountaincar-deterministic.json)). Left to measure: the preset's 4 envs "
+        "asynchrony: `--deterministic` (one collector worker in lockstep with the learner: after each chunk it "
+        "waits for the version that trained on it) scores -200.0, -178.0, -200.0, -200.0, -192.8 at seeds 0-4 "
+        "([raw]({bench}/2026-12-06-sb3-why-mountaincar-deterministic.json)). Left to measure: the preset's 4 envs "
         "per collector against SB3's one, and the order of updates (SB3 trains 8 updates after every 16 env "
         "steps)."),
     "Pendulum-v1": (
-        "not the hyperparameters: with rl-zoo's SAC numbers (256x256 nets, batch 256, the temperature from 1.0 "
-        "tuned at 1e-3, 256 random env steps first) rqrl scores -122.9, -190.2, -76.0 at seeds 0-2, against the "
-        "preset's -120.7, -188.5, -97.9 and SB3's -49.3, -94.8, -71.4 "
-        "([raw](bench/2026-12-06-sb3-why-pendulum-zoo.log)); per seed both sides rank the seeds alike (seeds 1 and 3 "
-        "the hardest for both), and a 5-episode Pendulum eval spreads widely with the random start angle. Cause "
-        "not found."),
+        "not the hyperparameters: with SB3's SAC as rl-zoo runs it (rl-zoo sets only the learning rate, 1e-3; "
+        "SB3's defaults: 256x256 nets, batch 256, the temperature tuned from 1.0; rqrl's replay start at 256 env "
+        "steps where SB3 learns from 100), rqrl's last evals at seeds 0-4 are -122.9, -190.2, -76.0, -184.3, -167.1 "
+        "(median -167.1), no better than the preset's -120.7 "
+        "([raw]({bench}/2026-12-06-sb3-why-pendulum-zoo.json)). A 5-episode Pendulum eval spreads widely with the "
+        "random start angle (SB3's seeds span -185.8 to -49.3); cause not found."),
 }
 
 
@@ -242,8 +243,9 @@ def add_sb3(output: Path, results_dir: Path = RESULTS_DIR) -> Path:
     returns the copy.
 
     Raises:
-        ValueError: the file is not a bench_sb3 output (no ``runs`` rows with env, seed, side and
-            last_eval), named with the missing key, or its rqrl side ran with ``--rqrl-arg``.
+        ValueError: the file is not a bench_sb3 output (no ``runs`` rows with env, seed, side,
+            last_eval, ...), named with the missing key; its rqrl side ran with ``--rqrl-arg``,
+            ``--rqrl-config`` or ``--double``; or another file of its name was taken in before.
     """
     table = json.loads(Path(output).read_text())
     rows = table.get("runs") if isinstance(table, dict) else None
@@ -251,11 +253,15 @@ def add_sb3(output: Path, results_dir: Path = RESULTS_DIR) -> Path:
         raise ValueError(f"{output}: not a bench_sb3 output (no 'runs' list)")
     if table.get("rqrl_args"):
         raise ValueError(f"{output}: rqrl ran with extra arguments {table['rqrl_args']}, not as its preset")
+    if table.get("double"):
+        raise ValueError(f"{output}: rqrl ran with double DQN's target (--double), SB3 with the plain max")
     for i, row in enumerate(rows):
-        for key in ("env", "seed", "side", "last_eval", "rc", "budget"):
+        for key in ("env", "seed", "side", "last_eval", "rc", "budget", "cpu_s_per_1k"):
             if key not in row:
                 raise ValueError(f"{output}: runs[{i}] has no {key!r}")
     dest = results_dir / "sb3" / Path(output).name
+    if dest.exists() and dest.read_bytes() != Path(output).read_bytes():
+        raise ValueError(f"{dest} holds another output of that name: rename {output} (later names replace earlier rows)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(output, dest)
     return dest
@@ -263,29 +269,31 @@ def add_sb3(output: Path, results_dir: Path = RESULTS_DIR) -> Path:
 
 def run_sb3(envs: list[str], seeds: list[int], results_dir: Path = RESULTS_DIR) -> int:
     """Run bench_sb3 on ``envs`` x ``seeds`` (both sides, no learner-loop part) with its output
-    kept under ``results_dir/sb3/``; bench_sb3's exit code."""
+    kept under ``results_dir/sb3/`` (named by the UTC time, so later runs sort later); 1 when a
+    run of it did not reach its budget, else 0."""
     dest = results_dir / "sb3" / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "tests.bench.bench_sb3", "--envs", *envs, "--seeds", *map(str, seeds),
             "--loop-repeats", "0", "--json", str(dest)]
     print(f"== {' '.join(argv[2:])}", flush=True)
-    return subprocess.run(argv, cwd=REPO).returncode
+    return 0 if subprocess.run(argv, cwd=REPO).returncode == 0 else 1
 
 
 def sb3_rows(results_dir: Path = RESULTS_DIR) -> dict[tuple[str, int, str], dict[str, Any]]:
     """(env, seed, side) -> the bench_sb3 row of the latest file (by name) that has it, with
-    ``file``; only rows of runs that reached their budget (exit 0, or rqrl's 2: not solved)."""
+    ``file``; only rows of runs that reached their budget (bench_sb3.reached_budget)."""
     rows: dict[tuple[str, int, str], dict[str, Any]] = {}
     for path in sorted((results_dir / "sb3").glob("*.json")):
         for row in json.loads(path.read_text())["runs"]:
-            if row["rc"] in (0, 2) and row.get("last_eval") is not None:
+            if reached_budget(row) and row.get("last_eval") is not None:
                 rows[(row["env"], row["seed"], row["side"])] = {**row, "file": path.name}
     return rows
 
 
-def sb3_lines(results_dir: Path, rel: Path) -> list[str]:
+def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
     """The page's SB3 section (module docstring): per env the seeds both sides ran, their last
-    evals' median [min, max], whether rqrl's median is at least SB3's, and CPU s per 1k env steps."""
+    evals' median [min, max], whether rqrl's median is at least SB3's, and CPU s per 1k env steps;
+    ``rel`` / ``bench``: results_dir and docs/bench relative to the page."""
     rows = sb3_rows(results_dir)
     envs = list(dict.fromkeys(env for env, _, _ in sorted(rows)))
     if not envs:
@@ -319,7 +327,7 @@ def sb3_lines(results_dir: Path, rel: Path) -> list[str]:
         per_seed = "; ".join(f"seed {s}: {a['last_eval']:.1f} / {b['last_eval']:.1f}"
                              for s, a, b in zip(seeds, side["rqrl"], side["sb3"]))
         why.append(f"- {env} (rqrl / SB3 per seed): {per_seed}."
-                   + ("" if ok else f" rqrl is lower: {SB3_WHY.get(env, 'not measured yet.')}"))
+                   + ("" if ok else f" rqrl is lower: {SB3_WHY.get(env, 'not measured yet.').format(bench=bench)}"))
     lines += ["", f"rqrl's median last eval is at least SB3's on {at_least} of {len(why)} envs.", "", *why]
     return lines
 
@@ -445,7 +453,7 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
         machines.setdefault(text, []).append(r.exp)
     lines += ["", "Machines:", ""]
     lines += [f"- {', '.join(exps)}: {text}" for text, exps in machines.items()]
-    lines += sb3_lines(results_dir, rel)
+    lines += sb3_lines(results_dir, rel, Path(os.path.relpath(REPO / "docs" / "bench", page.parent)))
     for r in records:
         t = r.table
         folder = rel / r.exp
@@ -507,7 +515,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for f in args.sb3_add:
         print(f"taken in: {add_sb3(Path(f), results_dir)}")
     if args.sb3_run:
-        code = max(code, run_sb3(args.sb3_run, args.seeds, results_dir))
+        code = run_sb3(args.sb3_run, args.seeds, results_dir) or code
     print(f"written: {write_page(results_dir, page)}")
     return code
 

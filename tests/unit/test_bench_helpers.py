@@ -177,3 +177,12 @@ def test_process_cpu_counts_a_groups_processes_by_kind(tmp_path):
         sum(range(1000))
     by = sampler.stop()  # its last reading, at the stop, counts this process whatever the thread saw
     assert set(by) == {"launcher"} and by["launcher"] >= 0.2
+
+
+def test_a_run_reached_its_budget_on_exit_0_or_on_rqrl_s_unmet_stop_value_only():
+    from tests.bench.bench_sb3 import reached_budget
+
+    assert reached_budget({"side": "rqrl", "rc": 0}) and reached_budget({"side": "rqrl", "rc": 2})
+    assert reached_budget({"side": "sb3", "rc": 0})
+    assert not reached_budget({"side": "sb3", "rc": 2})  # argparse's exit, not a finished run
+    assert not reached_budget({"side": "rqrl", "rc": 1}) and not reached_budget({"side": "rqrl", "rc": -9})

@@ -111,7 +111,8 @@ def test_the_sb3_column_pairs_seeds_both_sides_ran_and_a_later_file_replaces_a_r
     newer = _bench_sb3(tmp_path / "b.json", [
         ("CartPole-v1", 0, "rqrl", 400.0, 2),          # replaces seed 0's 100.0
         ("CartPole-v1", 2, "rqrl", 9999.0, 2),         # no SB3 run of seed 2: not counted
-        ("Acrobot-v1", 1, "rqrl", 0.0, 1), ("Acrobot-v1", 1, "sb3", -500.0, 0)])  # rqrl failed: not counted
+        ("Acrobot-v1", 1, "rqrl", 0.0, 1), ("Acrobot-v1", 1, "sb3", -500.0, 0),  # rqrl failed: not counted
+        ("Acrobot-v1", 2, "rqrl", -70.0, 2), ("Acrobot-v1", 2, "sb3", -600.0, 2)])  # SB3's 2 is a failure
     monkeypatch.setitem(results.SB3_WHY, "Acrobot-v1", "measured cause here.")
     out = tmp_path / "docs"
     page = _page(out, "--sb3-add", str(older), str(newer))
@@ -120,7 +121,7 @@ def test_the_sb3_column_pairs_seeds_both_sides_ran_and_a_later_file_replaces_a_r
     assert "| Acrobot-v1 | dqn | 50,000 | 0 | -90.0 | -80.0 | no |" in page
     assert "rqrl's median last eval is at least SB3's on 1 of 2 envs." in page
     assert "- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here." in page
-    assert "9999" not in page and "-500" not in page
+    assert "9999" not in page and "-500" not in page and "-600" not in page
     links = re.findall(r"\]\(([^)#]+)\)", page)
     assert "results/sb3/a.json" in links and all((out / link).is_file() for link in links), links
 
@@ -136,4 +137,22 @@ def test_a_file_that_is_not_a_bench_sb3_output_is_refused_by_name(tmp_path):
     bad.write_text(json.dumps({"rqrl_args": ["--deterministic"], "runs": []}))
     with pytest.raises(ValueError, match=r"extra arguments \['--deterministic'\]"):
         results.add_sb3(bad, tmp_path / "results")
+    bad.write_text(json.dumps({"double": True, "runs": []}))
+    with pytest.raises(ValueError, match="double DQN's target"):
+        results.add_sb3(bad, tmp_path / "results")
     assert not (tmp_path / "results" / "sb3" / "bad.json").exists()
+    first = _bench_sb3(tmp_path / "out.json", [("CartPole-v1", 0, "rqrl", 1.0, 2)])
+    results.add_sb3(first, tmp_path / "results")
+    results.add_sb3(first, tmp_path / "results")  # the same file again: a no-op
+    (tmp_path / "again").mkdir()
+    other = _bench_sb3(tmp_path / "again" / "out.json", [("CartPole-v1", 0, "rqrl", 2.0, 2)])
+    with pytest.raises(ValueError, match="holds another output of that name"):
+        results.add_sb3(other, tmp_path / "results")
+
+
+def test_an_sb3_run_that_did_not_reach_its_budget_fails_the_command(tmp_path, monkeypatch):
+    codes = iter([-9, 0])
+    monkeypatch.setattr(results.subprocess, "run",
+                        lambda argv, cwd: type("Done", (), {"returncode": next(codes)})())
+    assert results.run_sb3(["CartPole-v1"], [0], tmp_path) == 1  # killed by a signal
+    assert results.run_sb3(["CartPole-v1"], [0], tmp_path) == 0
