@@ -15,7 +15,8 @@ background teardown of ``rqrl train`` included, divided by the env-step budget.
   episodes (DQN: ``policy.eval.eps=0``, and SB3's plain-max target, ``policy.learn.double=False``,
   unless ``--double``; SAC evals play the mean action); its last eval is the closing eval at the
   budget (summary.json ``final_eval``); ``--rqrl-arg`` adds arguments (``--deterministic``: one
-  collector, synchronous, as one process) and ``--rqrl-config`` trains another config file on the env. The DQN presets copy rl-zoo's numbers; Pendulum's SAC
+  collector, synchronous, as one process) and ``--rqrl-config`` trains another config file on the
+  env. The DQN presets copy rl-zoo's numbers; Pendulum's SAC
   preset is DI-engine's (hidden 128, batch 128, 1,000 random env steps first), not rl-zoo's.
 - SB3: rl-zoo3's ``hyperparams/dqn.yml`` entry for the env (``sac.yml`` for Pendulum-v1, SB3's
   ``SAC``; ``policy_kwargs`` as rl-zoo reads it), ``seed=S``, the same budget, and SB3's ``EvalCallback`` every ``--eval-every`` env steps
@@ -291,17 +292,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     if args.sb3_child:
         sb3_child(args.sb3_child, args.seeds[0], args.eval_every, args.budget, args.sb3_threads, Path(args.json))
         return {}
+    config = Path(args.rqrl_config).resolve() if args.rqrl_config else None
+    # Recorded so the results page can refuse a run that is not the preset's (results.add_sb3).
+    rqrl_args = args.rqrl_arg + (["--rqrl-config", args.rqrl_config] if config else [])
     out: dict[str, Any] = {"load_average_start": os.getloadavg(), "double": args.double,
-                           "sb3_threads": args.sb3_threads, "rqrl_args": args.rqrl_arg + (["--rqrl-config", args.rqrl_config] if args.rqrl_config else []),
-                           "runs": []}
+                           "sb3_threads": args.sb3_threads, "rqrl_args": rqrl_args, "runs": []}
     for env_id in args.envs:
         budget = args.budget or zoo_kwargs(zoo_table(algo_of(env_id))[env_id])[1]
         for seed in args.seeds:
             for side in args.sides:  # one after the other: the sides never share the cores
                 with tempfile.TemporaryDirectory(prefix="rqrl-bench-sb3-") as tmp:
-                    row = (rqrl_side(env_id, seed, budget, args.eval_every, args.double, Path(tmp), tuple(args.rqrl_arg),
-                                     Path(args.rqrl_config).resolve() if args.rqrl_config else None)
-                           if side == "rqrl"
+                    row = (rqrl_side(env_id, seed, budget, args.eval_every, args.double, Path(tmp),
+                                     tuple(args.rqrl_arg), config) if side == "rqrl"
                            else sb3_side(env_id, seed, budget, args.eval_every, args.sb3_threads, Path(tmp)))
                 row.update(env=env_id, seed=seed, side=side, budget=budget,
                            cpu_s_per_1k=round(row["cpu_s"] / budget * 1000, 2), load_average=os.getloadavg())
