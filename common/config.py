@@ -102,9 +102,10 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
                 log_policy=True,
                 # Publish weights every N train iterations (on-policy data: every one). A collector
                 # adopts the newest version once per chunk it sends; with two collectors the learner
-                # trains 2 x n_sample x train_iter_per_env_step iterations meanwhile, >= 64 in every
-                # shipped off-policy preset: the weights a collector acts with age by that much, and
-                # 16 adds at most 15 to it. At 4 most versions went unread (CartPole DQN: 4,690
+                # trains 2 x n_sample x train_iter_per_env_step iterations meanwhile, >= 64 in the
+                # shipped off-policy presets but the one-env MountainCar and LunarLander DQN ones (16
+                # and 32, which publish every 8): the weights a collector acts with age by that much,
+                # and 16 adds at most 15 to it. At 4 most versions went unread (CartPole DQN: 4,690
                 # published for 296 chunks), and Redis and the learner paid for each
                 # (docs/performance.md). Collectors stop at the limit of the last version published:
                 # policy.learn.max_env_step_lead must cover the iterations since (min_env_step_lead).

@@ -83,11 +83,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def git_commit() -> Optional[str]:
-    """The short commit of rqrl's checkout (None outside a git checkout)."""
+def git_commit(checkout: Optional[Path] = None) -> Optional[str]:
+    """The short commit of rqrl's checkout (``checkout``: a folder in another one), with ``-dirty``
+    when tracked files differ from it: a sweep of uncommitted code must not pass for the commit's.
+    None outside a git checkout."""
+    cwd = checkout or Path(__file__).resolve().parent
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd,
+                              capture_output=True, text=True, timeout=5).stdout.strip()
+        if not head:
+            return None
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                 capture_output=True, text=True, timeout=5).stdout.strip()
+        return f"{head}-dirty" if changed else head
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -11,6 +11,14 @@ rqrl's target network in train iterations):
   replay buffer 10,000 transitions (``buffer_size``), learning from 1,000 env steps on
   (``learning_starts``), gradient norm clipped at 10 (SB3's ``max_grad_norm``), Huber loss.
 - 8 updates per 16 env steps (``train_freq: 16``, ``gradient_steps: 8``): a replay ratio of 0.5.
+- one env per collector, as SB3 steps one (rl-zoo's default ``n_envs: 1``), and a collector that
+  acts at most 16 env steps ahead of what the learner trained on (``max_env_step_lead``), with
+  weights published every 8 train iterations and read after every chunk of 16 rows: SB3 acts
+  16 env steps with the weights its last 8 updates left. With the preset's earlier 4 envs per
+  collector, chunks of 64 and a lead of 256 the greedy policy scored -200 at the budget in 6 of 11
+  runs, SB3 in 1 of 11; rqrl's own DQN in SB3's loop in one process
+  (tests/bench/bench_dqn_loop.py) scores a median of -106.2 with one env and -200.0 with four
+  (docs/performance.md).
 - target network copied every 600 env steps (``target_update_interval``): 300 train iterations
   at that ratio.
 - epsilon from 1.0 to 0.07 linearly over the first 20% of 120,000 env steps
@@ -24,7 +32,7 @@ main_config = dict(
     seed=0,
     env=dict(
         env_id="MountainCar-v0",
-        collector_env_num=4,
+        collector_env_num=1,
         evaluator_env_num=5,
         n_evaluator_episode=5,
         stop_value=-110.0,
@@ -34,8 +42,8 @@ main_config = dict(
         discount_factor=0.98,
         model=dict(hidden_size_list=[256, 256], dueling=False),
         learn=dict(batch_size=128, learning_rate=4e-3, target_update_freq=300, huber_delta=1.0, grad_clip_norm=10.0,
-                   train_iter_per_env_step=0.5),
-        collect=dict(n_sample=64),
+                   train_iter_per_env_step=0.5, max_env_step_lead=16, learner=dict(send_policy_freq=8)),
+        collect=dict(n_sample=16),
         other=dict(
             eps=dict(type="linear", start=1.0, end=0.07, decay=24_000),
             replay_buffer=dict(replay_buffer_size=10_000, replay_start_size=1000),

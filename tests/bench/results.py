@@ -218,16 +218,19 @@ SB3_WHY: dict[str, str] = {
         "different last eval on either side (SB3 scored -19.8, 34.0 and 103.5 in three runs of seed 1; rqrl, whose "
         "collection is asynchronous, -17.0 to 238.2 in five runs of seed 0 on code states that differ in how often "
         "the learner publishes weights: docs/bench/2026-12-06-sb3*.json), wider than the gap between the medians. "
-        "Per seed, SB3 is ahead on seeds 0, 2 and 3 here, rqrl on 1 and 4."),
+        "Per seed, SB3 is ahead on seeds 0, 2 and 3 here, rqrl on 1 and 4. The preset now steps one env per "
+        "collector, as MountainCar's (below); with four its seeds 0-4 scored -17.0, 117.0, -64.4, 131.1, 253.3 "
+        "(median 117.0)."),
     "MountainCar-v0": (
-        "a real gap, cause not found. At the budget rqrl's greedy policy reaches the flag in none of the 5 eval "
-        "episodes (-200.0) in 6 of its 11 runs on this machine on 2026-12-06 (median -200.0), SB3's in 1 of 11 "
-        "(median -122.2). Not the "
-        "asynchrony: `--deterministic` (one collector worker in lockstep with the learner: after each chunk it "
-        "waits for the version that trained on it) scores -200.0, -178.0, -200.0, -200.0, -192.8 at seeds 0-4 "
-        "([raw]({bench}/2026-12-06-sb3-why-mountaincar-deterministic.json)). Left to measure: the preset's 4 envs "
-        "per collector against SB3's one, and the order of updates (SB3 trains 8 updates after every 16 env "
-        "steps)."),
+        "inside what one seed rerun spreads, no longer a failure mode. The preset used to end at -200 (the flag "
+        "never reached in 5 greedy episodes) in 6 of 11 runs, SB3 in 1 of 11; rqrl's own DQN in SB3's loop in one "
+        "process scores a median of -106.2 with SB3's one env and -200.0 with the preset's four "
+        "([1 env]({bench}/2026-12-06-dqn-loop-mountaincar-1env.json), "
+        "[4 envs]({bench}/2026-12-06-dqn-loop-mountaincar-4env.json)). The preset now steps one env per collector "
+        "and keeps collectors within 16 env steps of the learner, in chunks of 16 rows (docs/performance.md); in "
+        "its 10 runs (these and [seeds 0-4 before]({bench}/2026-12-06-sb3-why-mountaincar-one-env-lead16.json): "
+        "-178.4, -120.2, -95.0, -93.4, -108.2) none ends at -200, and their median, -114.1, is above SB3's over its "
+        "11 runs here (-122.2); one seed's two runs differ by up to 58."),
     "Pendulum-v1": (
         "not the hyperparameters: with SB3's SAC as rl-zoo runs it (rl-zoo sets only the learning rate, 1e-3; "
         "SB3's defaults: 256x256 nets, batch 256, the temperature tuned from 1.0; rqrl's replay start at 256 env "

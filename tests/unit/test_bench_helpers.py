@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.bench.bench_components import _first_use_lags
@@ -186,3 +187,20 @@ def test_a_run_reached_its_budget_on_exit_0_or_on_rqrl_s_unmet_stop_value_only()
     assert reached_budget({"side": "sb3", "rc": 0})
     assert not reached_budget({"side": "sb3", "rc": 2})  # argparse's exit, not a finished run
     assert not reached_budget({"side": "rqrl", "rc": 1}) and not reached_budget({"side": "rqrl", "rc": -9})
+
+
+def test_bench_dqn_loop_updates_in_bursts_after_the_start():
+    from common.config import apply_overrides, load_config
+    from tests.bench.bench_dqn_loop import REPO, run
+
+    cfg = apply_overrides(load_config(REPO / "deploy" / "configs" / "cartpole_dqn.py"),
+                          ["env.collector_env_num=2", "policy.learn.double=False", "policy.eval.eps=0.0",
+                           "env.n_evaluator_episode=1"])
+    # replay_start_size 256: the first burst of 8 updates comes after env step 272, not at 256
+    assert [run(cfg, seed=0, n_env=2, train_freq=16, gradient_steps=8, budget=b)["train_iter"]
+            for b in (256, 272)] == [0, 8]
+    out = run(cfg, seed=0, n_env=2, train_freq=16, gradient_steps=8, budget=512)
+    assert (out["envstep"], out["train_iter"]) == (512, 128)  # bursts after 272, 288, ..., 512
+    assert np.isfinite(out["last_eval"])
+    with pytest.raises(ValueError, match="multiple of --envs 3"):
+        run(cfg, seed=0, n_env=3, train_freq=16, gradient_steps=8, budget=512)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from pathlib import Path
 
 from easydict import EasyDict
@@ -495,3 +496,22 @@ def test_a_converged_run_exports_the_weights_its_eval_played_not_the_learners_la
     assert (c.out / "final.pt").read_bytes() == b"the evaluated weights"
     assert summary["final_eval_task"] == task["task_id"] and summary["final_policy_version"] == 3
     c.tb.close()
+
+
+def test_git_commit_marks_a_checkout_with_changed_tracked_files_dirty(tmp_path):
+    from coordinator.sweep import git_commit
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    assert git_commit(tmp_path) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "preset.py").write_text("n = 4\n")
+    git("add", "preset.py")
+    git("commit", "-q", "-m", "c")
+    head = git("rev-parse", "--short", "HEAD")
+    (tmp_path / "untracked.txt").write_text("x")  # untracked files are not the code that ran
+    assert git_commit(tmp_path) == head
+    (tmp_path / "preset.py").write_text("n = 1\n")
+    assert git_commit(tmp_path) == f"{head}-dirty"
