@@ -87,7 +87,12 @@ class Liveness:
                 self.log.warning("liveness pass failed: %s: %s", type(e).__name__, e)
 
     def _redis_full(self) -> bool:
-        """Redis is at its ``maxmemory`` (within 1 %): writes that need memory are refused."""
+        """Redis is at its ``maxmemory`` (within 1 %): writes that need memory are refused; or it
+        refused the write probe for memory within two heartbeat timeouts (the grace after the
+        refusal, and the heartbeat timeout of a task that its own refused write ended:
+        :meth:`coordinator.write_pause.WritePause.full_within`)."""
+        if self.writes.full_within(2 * float(self.heartbeat_timeout)):
+            return True
         try:
             mem = redis_memory.memory_info(self.conn)
         except redis.RedisError:

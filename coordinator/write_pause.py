@@ -79,6 +79,7 @@ class WritePause:
         self.since: Optional[float] = None  # when the pause going on was first seen; None while writes are served
         self.cause = ""  # the probe's answer when the pause was first seen
         self._reads_waited = False
+        self._full_at: Optional[float] = None  # the last probe refused for memory (a full noeviction Redis)
 
     def held(self) -> bool:
         """Probe once (before the heartbeats are read). True while writes are held or refused, and on
@@ -86,6 +87,8 @@ class WritePause:
         the caller gives every task one heartbeat timeout from now."""
         cause = self.probe()
         now = self._clock()
+        if cause is not None and cause.startswith("OutOfMemoryError"):
+            self._full_at = now
         if cause is not None:
             if self.since is None:
                 self.since, self.cause, self._reads_waited = now, cause, False
@@ -102,6 +105,14 @@ class WritePause:
                     else f"refused writes ({self.cause})")
             self.log.warning("Redis %s for %.1f s: heartbeats missed during it are not deaths", what, seconds)
         return True
+
+    def full_within(self, seconds: float) -> bool:
+        """Whether a probe was refused for memory (redis-py's ``OutOfMemoryError``: a full
+        ``noeviction`` Redis) in the last ``seconds`` seconds. Redis at its limit refuses writes on
+        and off as keys expire, and a task whose own write was refused so ends without a word
+        (its failure event is a write too): its heartbeat stops one heartbeat timeout after its last
+        beat, which may be that long after the probe was last refused."""
+        return self._full_at is not None and self._clock() - self._full_at <= seconds
 
     def reads_waited(self) -> None:
         """The heartbeats' read of this pass was late too: the pause going on is a whole-Redis stall."""

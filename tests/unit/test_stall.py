@@ -95,3 +95,22 @@ def test_the_write_probe_sets_its_key(fake_redis):
     assert probe() is None
     assert fake_redis.get(keys.write_probe("wp/r1")) == b"1" and 0 < fake_redis.pttl(keys.write_probe("wp/r1")) <= 3000
     probe.close()
+
+
+def test_a_task_ended_by_a_full_redis_is_no_worker_death(fake_redis, caplog):
+    """Redis at its maxmemory refuses writes on and off: the probe is refused for memory, then served
+    while the full check reads memory just under the limit. A task whose own write was refused
+    ended without a failure event; its missing heartbeat is not a death for two heartbeat
+    timeouts (3 s here) after the last refusal, then it is."""
+    now, held = [100.0], ["OutOfMemoryError: command not allowed when used memory > 'maxmemory'."]
+    live = _liveness(fake_redis, ["t"], lambda: held[0], now)
+    caplog.set_level(logging.WARNING, logger="test_write_pause")
+    assert live.find_dead() == []
+    held[0] = None  # served again; fakeredis has no maxmemory, so only the refusal says "full"
+    verdicts = []
+    for _ in range(7):
+        now[0] += 1.0
+        verdicts.append(live.find_dead())
+    assert verdicts[:6] == [[]] * 6, verdicts
+    assert "heartbeat(s) missing while Redis is full" in caplog.text
+    assert [t for t, _ in verdicts[6]] == ["t"]
