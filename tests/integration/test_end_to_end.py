@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from common.connection import connect
-from tests.conftest import REPO, rq_bin, run_rqrl, stop_workers, wait_event, wait_gone, worker_env
+from tests.conftest import (REPO, kill_leftovers, rq_bin, run_rqrl, stop_workers, wait_event, wait_gone,
+                            worker_env)
 
 # The runs are bounded by env steps; the timeout is a hang guard only.
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -137,19 +138,48 @@ def test_a_run_that_ends_on_its_env_step_budget_has_its_last_eval_at_the_budget(
     assert f"the closing eval at {summary['final_eval']['envstep']} env steps" in res.stdout, res.stdout
 
 
+# rqrl train's stop is bounded by design: the coordinator's wrap-up (closing eval at most 10 s,
+# the learner's last report at most 10 s) within 30 s, then at most 15 s of grace and 5 s after
+# SIGKILL for its children. The guard leaves a busy machine room above that.
+_STOP_GUARD_S = 90
+
+
+def _stuck_stop_report(p: subprocess.Popen, sig: signal.Signals, run_dir) -> str:
+    """Why ``rqrl train`` (``p``) did not stop: the Python stacks of its threads (SIGABRT makes
+    faulthandler print them; PYTHONFAULTHANDLER is set), its output and the run's logs."""
+    p.send_signal(signal.SIGABRT)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # the pipes outlive it: a forked process still holds them
+        p.kill()
+        out, err = "", "(no output: its pipes stayed open after SIGABRT)"
+    logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-3000:]
+                   for f in sorted((run_dir / "log").glob("*.log")))
+    return f"rqrl train still ran {_STOP_GUARD_S} s after {sig.name}\n{out}\n{err[-8000:]}{logs}"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_everything(tmp_path, redis_server, sig):
     exp = f"sig{int(sig)}_{os.getpid()}"
+    env = {**worker_env(redis_server.url), "PYTHONFAULTHANDLER": "1"}
     p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
                           "--name", "r1", "--set", f"exp_name={exp}", "--set", "env.stop_value=100000"],
-                         cwd=tmp_path, env=worker_env(redis_server.url),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Interrupted while it trains: the learner has reported a train iteration.
-    wait_event(connect(redis_server.url), f"{exp}/r1",
-               lambda e: e.get("type") == "learner_info" and int(e.get("train_iter", 0)) > 0, 120)
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 128 + int(sig), out + err[-3000:]
-    # The closing block reaches the terminal too: why it stopped and where final.pt is.
-    assert f"interrupted by {signal.Signals(signal.SIGINT).name}" in out and "final policy" in out, out
-    assert wait_gone(exp) == []
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Interrupted while it trains: the learner has reported a train iteration.
+        wait_event(connect(redis_server.url), f"{exp}/r1",
+                   lambda e: e.get("type") == "learner_info" and int(e.get("train_iter", 0)) > 0, 120)
+        p.send_signal(sig)
+        try:
+            out, err = p.communicate(timeout=_STOP_GUARD_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(_stuck_stop_report(p, sig, tmp_path / exp / "r1"))
+        assert p.returncode == 128 + int(sig), out + err[-3000:]
+        # The closing block reaches the terminal too: why it stopped and where final.pt is.
+        assert f"interrupted by {signal.Signals(signal.SIGINT).name}" in out and "final policy" in out, out
+        assert wait_gone(exp) == []
+    finally:
+        # Whatever failed above, nothing of this run may take the next tests' tasks off their queues.
+        if p.poll() is None:
+            p.kill()
+        kill_leftovers(exp)
