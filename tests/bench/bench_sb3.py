@@ -9,14 +9,15 @@ waited-for children's rusage, which misses what a side's own children do not wai
 output says which): its CPU seconds are everything it did, imports, evals, Redis and the
 background teardown of ``rqrl train`` included, divided by the env-step budget.
 
-- rqrl: the env's shipped preset (``rqrl presets``, two collector workers and one for evals as
-  ``rqrl train`` starts them), ``--seed S``, an unreachable stop value, the
+- rqrl: the env's config in :data:`CONFIGS` (its preset, or a config with rl-zoo's numbers where
+  the preset has DI-engine's; two collector workers and one for evals as
+  ``rqrl train`` starts them; each row records its ``config``), ``--seed S``, an unreachable stop value, the
   budget as ``commander.max_env_step``, an eval every ``--eval-every`` env steps on 5 greedy
   episodes (DQN: ``policy.eval.eps=0``, and SB3's plain-max target, ``policy.learn.double=False``,
   unless ``--double``; SAC evals play the mean action); its last eval is the closing eval at the
   budget (summary.json ``final_eval``); ``--rqrl-arg`` adds arguments (``--deterministic``: one
   collector, synchronous, as one process) and ``--rqrl-config`` trains another config file on the
-  env. The DQN presets copy rl-zoo's numbers; Pendulum's SAC
+  env. The DQN configs copy rl-zoo's numbers; Pendulum's SAC
   preset is DI-engine's (hidden 128, batch 128, 1,000 random env steps first), not rl-zoo's.
 - SB3: rl-zoo3's ``hyperparams/dqn.yml`` entry for the env (``sac.yml`` for Pendulum-v1, SB3's
   ``SAC``; ``policy_kwargs`` as rl-zoo reads it), ``seed=S``, the same budget, and SB3's ``EvalCallback`` every ``--eval-every`` env steps
@@ -29,7 +30,7 @@ Each rqrl run also prints its learner process's share of the CPU (summary.json `
 the rest is the collectors, evals, coordinator, Redis and start-up), the learner's scheduler
 and data waits, and the CPU of each part (:class:`ProcessCpu`: the cgroup's processes sampled
 with psutil every 0.5 s, by :func:`process_kind`). After the runs, the learner task's loop is timed against the bare in-process loop
-on each preset (tests/bench/bench_learner_loop.py; ``--loop-repeats 0`` skips it): issue 35's
+on each config (tests/bench/bench_learner_loop.py; ``--loop-repeats 0`` skips it): issue 35's
 "learner train iters/s ÷ the in-process loop's", without the CPU the other processes take.
 """
 
@@ -40,6 +41,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,8 +54,11 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parents[2]
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
 EVAL_EPISODES = 5
-PRESETS = {"MountainCar-v0": "mountaincar_dqn.py", "LunarLander-v3": "lunarlander_dqn.py",
-           "CartPole-v1": "cartpole_dqn.py", "Acrobot-v1": "acrobot_dqn.py", "Pendulum-v1": "pendulum_sac.py"}
+# rqrl's config beside SB3, per env: the env's preset where that is rl-zoo's numbers, else a config
+# with rl-zoo's numbers (CartPole's and Acrobot's presets are DI-engine's, tuned to pass their stop
+# value fast; Pendulum's rl-zoo numbers scored lower in rqrl than its DI-engine preset, SB3_WHY).
+CONFIGS = {"MountainCar-v0": "mountaincar_dqn.py", "LunarLander-v3": "lunarlander_dqn.py",
+           "CartPole-v1": "cartpole_dqn_zoo.py", "Acrobot-v1": "acrobot_dqn_zoo.py", "Pendulum-v1": "pendulum_sac.py"}
 # The algorithm of each env's preset: rl-zoo's hyperparams file and SB3's class of that name.
 ALGOS = {"Pendulum-v1": "sac"}
 
@@ -205,9 +210,9 @@ def run_measured(cmd: list[str], cwd: Path, timeout_s: float, env: Optional[dict
 
 
 def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool, work: Path,
-              extra: tuple[str, ...] = (), config: Optional[Path] = None) -> dict[str, Any]:
+              extra: tuple[str, ...] = (), config: Optional[Path] = None, keep: Optional[Path] = None) -> dict[str, Any]:
     exp = f"bench_sb3_{env_id.replace('-', '_').lower()}"
-    config = config or REPO / "deploy" / "configs" / PRESETS[env_id]
+    config = config or REPO / "deploy" / "configs" / CONFIGS[env_id]
     cmd = [sys.executable, "-m", "coordinator.cli", "train", str(config), "--seed", str(seed),
            "--set", f"env.env_id={env_id}", "--set", f"exp_name={exp}", "--set", "env.stop_value=1e9",
            "--set", f"commander.max_env_step={budget}", "--set", "commander.max_wall_seconds=0",
@@ -219,10 +224,13 @@ def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = run_measured(cmd, work, timeout_s=max(1800, budget / 20), env=env, split=True)
     run = work / exp / "latest"
+    if keep is not None:
+        shutil.copyfile(run / "final.pt", keep / f"rqrl_{env_id}_s{seed}.pt")
     summary = json.loads((run / "summary.json").read_text())
     evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines() if line.strip()]
     scored = [e for e in evals if e.get("reward_mean") is not None]
-    out.update(envstep=summary["envstep"], train_iter=summary["train_iter"], learner_cpu_s=summary.get("learner_cpu_s"),
+    out.update(config=config.relative_to(REPO).as_posix() if config.is_relative_to(REPO) else str(config),
+               envstep=summary["envstep"], train_iter=summary["train_iter"], learner_cpu_s=summary.get("learner_cpu_s"),
                learner_train_iter_per_sec=summary.get("learner_train_iter_per_sec"),
                learner_sched_wait_share=summary.get("learner_sched_wait_share"),
                learner_wait_share=summary.get("learner_wait_share"),
@@ -231,19 +239,22 @@ def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool
     return out
 
 
-def sb3_side(env_id: str, seed: int, budget: int, eval_every: int, threads: int, work: Path) -> dict[str, Any]:
+def sb3_side(env_id: str, seed: int, budget: int, eval_every: int, threads: int, work: Path,
+             keep: Optional[Path] = None) -> dict[str, Any]:
     result = work / f"sb3_{env_id}_{seed}.json"
     cmd = [sys.executable, "-m", "tests.bench.bench_sb3", "--sb3-child", env_id, "--seeds", str(seed),
            "--eval-every", str(eval_every), "--budget", str(budget), "--sb3-threads", str(threads),
-           "--json", str(result)]
+           "--json", str(result), *(["--keep", str(keep)] if keep is not None else [])]
     out = run_measured(cmd, REPO, timeout_s=3600)
     if out["rc"] == 0:
         out.update(json.loads(result.read_text()))
     return out
 
 
-def sb3_child(env_id: str, seed: int, eval_every: int, budget: int, threads: int, result: Path) -> None:
-    """Train SB3's DQN or SAC (:func:`algo_of`) with rl-zoo's hyperparameters and write the evals to ``result``."""
+def sb3_child(env_id: str, seed: int, eval_every: int, budget: int, threads: int, result: Path,
+              keep: Optional[Path] = None) -> None:
+    """Train SB3's DQN or SAC (:func:`algo_of`) with rl-zoo's hyperparameters and write the evals to
+    ``result`` (and, with ``keep``, the model to ``keep/sb3_{env_id}_s{seed}.zip``)."""
     import gymnasium as gym
     import stable_baselines3
     import torch
@@ -267,6 +278,8 @@ def sb3_child(env_id: str, seed: int, eval_every: int, budget: int, threads: int
 
     model.learn(budget, callback=Record(Monitor(gym.make(env_id)), eval_freq=eval_every,
                                         n_eval_episodes=EVAL_EPISODES, deterministic=True, verbose=0))
+    if keep is not None:
+        model.save(keep / f"sb3_{env_id}_s{seed}.zip")
     result.write_text(json.dumps({"envstep": int(model.num_timesteps), "last_eval": evals[-1]["reward_mean"],
                                   "last_eval_envstep": evals[-1]["envstep"], "evals": len(evals), "budget": budget,
                                   "curve": evals}))
@@ -274,25 +287,32 @@ def sb3_child(env_id: str, seed: int, eval_every: int, budget: int, threads: int
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--envs", nargs="+", default=["MountainCar-v0", "LunarLander-v3"], choices=sorted(PRESETS))
+    ap.add_argument("--envs", nargs="+", default=["MountainCar-v0", "LunarLander-v3"], choices=sorted(CONFIGS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--eval-every", type=int, default=10_000, help="env steps between evals (both sides)")
     ap.add_argument("--budget", type=int, default=0, help="env steps (default: rl-zoo's n_timesteps)")
     ap.add_argument("--double", action="store_true", help="rqrl with its double-DQN target (SB3 has none)")
     ap.add_argument("--sb3-threads", type=int, default=1, help="torch threads of the SB3 side")
     ap.add_argument("--sides", nargs="+", default=["rqrl", "sb3"], choices=["rqrl", "sb3"])
-    ap.add_argument("--rqrl-config", default=None, help="the rqrl side's config file instead of the env's preset")
+    ap.add_argument("--rqrl-config", default=None, help="the rqrl side's config file instead of the env's in CONFIGS")
     ap.add_argument("--rqrl-arg", action="append", default=[], metavar="ARG",
                     help="one more argument of the rqrl side's rqrl train (repeat it), e.g. --rqrl-arg=--deterministic")
     ap.add_argument("--loop-repeats", type=int, default=16,
                     help="blocks per side of the learner-loop part (tests/bench/bench_learner_loop.py); 0: skip it")
+    ap.add_argument("--keep", default=None, metavar="DIR",
+                    help="keep each run's final policy in DIR (rqrl_ENV_sSEED.pt, sb3_ENV_sSEED.zip) for "
+                         "tests/bench/bench_shared_episodes.py")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sb3-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.sb3_child:
-        sb3_child(args.sb3_child, args.seeds[0], args.eval_every, args.budget, args.sb3_threads, Path(args.json))
+        sb3_child(args.sb3_child, args.seeds[0], args.eval_every, args.budget, args.sb3_threads, Path(args.json),
+                  Path(args.keep) if args.keep else None)
         return {}
     config = Path(args.rqrl_config).resolve() if args.rqrl_config else None
+    keep = Path(args.keep).resolve() if args.keep else None
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
     # Recorded so the results page can refuse a run that is not the preset's (results.add_sb3).
     rqrl_args = args.rqrl_arg + (["--rqrl-config", args.rqrl_config] if config else [])
     out: dict[str, Any] = {"load_average_start": os.getloadavg(), "double": args.double,
@@ -303,8 +323,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             for side in args.sides:  # one after the other: the sides never share the cores
                 with tempfile.TemporaryDirectory(prefix="rqrl-bench-sb3-") as tmp:
                     row = (rqrl_side(env_id, seed, budget, args.eval_every, args.double, Path(tmp),
-                                     tuple(args.rqrl_arg), config) if side == "rqrl"
-                           else sb3_side(env_id, seed, budget, args.eval_every, args.sb3_threads, Path(tmp)))
+                                     tuple(args.rqrl_arg), config, keep) if side == "rqrl"
+                           else sb3_side(env_id, seed, budget, args.eval_every, args.sb3_threads, Path(tmp), keep))
                 row.update(env=env_id, seed=seed, side=side, budget=budget,
                            cpu_s_per_1k=round(row["cpu_s"] / budget * 1000, 2), load_average=os.getloadavg())
                 out["runs"].append(row)
@@ -334,7 +354,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
         out["learner_loop"] = []
         for env_id in args.envs:
-            res = bench_learner_loop.measure(PRESETS[env_id].removesuffix(".py"), repeats=args.loop_repeats)
+            res = bench_learner_loop.measure(CONFIGS[env_id].removesuffix(".py"), repeats=args.loop_repeats)
             bench_learner_loop.report(res)
             out["learner_loop"].append(res)
     if args.json:

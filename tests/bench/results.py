@@ -208,11 +208,12 @@ SB3_WHY: dict[str, str] = {
         "500.0, 500.0, 500.0, 403.8, 500.0: median 500.0, level with SB3 "
         "([raw]({bench}/2026-12-06-sb3-why-cartpole-zoo.json))."),
     "Acrobot-v1": (
-        "the preset is DI-engine's CartPole settings, which pass -100 in 25,000-90,000 env steps (the table above) "
-        "and improve little after. With rl-zoo's Acrobot numbers instead (which are its LunarLander ones: "
-        "`--rqrl-config deploy/configs/lunarlander_dqn.py`), rqrl's last evals at seeds 0-4 are -75.0, -80.8, -92.4, "
-        "-74.4, -71.4: median -75.0, 1.4 below SB3's -73.6 and inside SB3's own spread over seeds (-78.2 to -69.4) "
-        "([raw]({bench}/2026-12-06-sb3-why-acrobot-zoo.json))."),
+        "the column's config is acrobot_dqn_zoo.py (rl-zoo's numbers); its greedy policy can collapse between "
+        "evals: seed 0 of its first five runs scored -70.2 at 89,840 env steps and -181.8 at the budget, while "
+        "seeds 1-4 ended at -71.6, -68.2, -68.2 and -90.6 (median of the five -71.6, above SB3's -73.6). The "
+        "preset acrobot_dqn.py (DI-engine's CartPole settings, which pass -100 in 25,000-90,000 env steps and "
+        "improve little after) scored a median of -95.8 (results/sb3/2026-12-06-acrobot-s0-4.json), and "
+        "rl-zoo's numbers with 4 envs per collector -75.0 ([raw]({bench}/2026-12-06-sb3-why-acrobot-zoo.json))."),
     "LunarLander-v3": (
         "no cause found, and five single runs per side do not separate the two: one seed run again gives a "
         "different last eval on either side (SB3 scored -19.8, 34.0 and 103.5 in three runs of seed 1; rqrl, whose "
@@ -236,8 +237,11 @@ SB3_WHY: dict[str, str] = {
         "SB3's defaults: 256x256 nets, batch 256, the temperature tuned from 1.0; rqrl's replay start at 256 env "
         "steps where SB3 learns from 100), rqrl's last evals at seeds 0-4 are -122.9, -190.2, -76.0, -184.3, -167.1 "
         "(median -167.1), no better than the preset's -120.7 "
-        "([raw]({bench}/2026-12-06-sb3-why-pendulum-zoo.json)). A 5-episode Pendulum eval spreads widely with the "
-        "random start angle (SB3's seeds span -185.8 to -49.3); cause not found."),
+        "([raw]({bench}/2026-12-06-sb3-why-pendulum-zoo.json)). Nor the collection that closed most of "
+        "MountainCar's gap: one env per collector, collectors at most 16 env steps ahead of the learner and weights "
+        "published every 8 train iterations give -120.7, -116.0, -188.9, -140.2, -143.6 (median -140.2) "
+        "([raw]({bench}/2026-12-07-sb3-why-pendulum-one-env.json)). A 5-episode Pendulum eval spreads widely with "
+        "the random start angle (SB3's seeds span -185.8 to -49.3); cause not found."),
 }
 
 
@@ -303,13 +307,14 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
         return []
     lines = ["", "## Against Stable-Baselines3 + rl-zoo3", "",
              "`tests/bench/bench_sb3.py` (the `bench` extra) runs both sides on one env, budget and seed: rqrl's "
-             "preset through `rqrl train` (two collector workers, DQN's plain-max target as SB3's and greedy "
+             "config through `rqrl train` (the env's preset, or a config with rl-zoo's numbers where the preset has "
+             "DI-engine's: the column names it; two collector workers, DQN's plain-max target as SB3's and greedy "
              "evals) and SB3 with rl-zoo3's hyperparameters for the env; both evaluate every 10,000 env steps on 5 "
              "episodes, and the last eval is at the budget (rl-zoo's `n_timesteps`). Run it with "
              f"`{SB3_COMMAND.format(envs='ENV ...')}`.", "",
-             "| env | algo | budget (env steps) | seeds | rqrl last eval | SB3 last eval | rqrl >= SB3 "
+             "| env | algo | rqrl config | budget (env steps) | seeds | rqrl last eval | SB3 last eval | rqrl >= SB3 "
              "| rqrl CPU s / 1k env steps | SB3 CPU s / 1k env steps | raw |",
-             "| --- | --- | ---: | --- | ---: | ---: | :---: | ---: | ---: | --- |"]
+             "| --- | --- | --- | ---: | --- | ---: | ---: | :---: | ---: | ---: | --- |"]
     at_least, why = 0, []
     for env in envs:
         seeds = sorted(s for e, s, side in rows if e == env and side == "rqrl" and (e, s, "sb3") in rows)
@@ -320,8 +325,10 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
         ok = med["rqrl"] >= med["sb3"]
         at_least += ok
         files = sorted({r["file"] for k in side for r in side[k]})
+        # Rows from before bench_sb3 recorded its config ran the env's preset.
+        configs = sorted({Path(r.get("config") or _preset(env, algo_of(env)).path).name for r in side["rqrl"]})
         lines.append(
-            f"| {env} | {algo_of(env)} | {side['rqrl'][0]['budget']:,} "
+            f"| {env} | {algo_of(env)} | {', '.join(configs)} | {side['rqrl'][0]['budget']:,} "
             f"| {','.join(map(str, seeds))} | {_spread([r['last_eval'] for r in side['rqrl']], '.1f')} "
             f"| {_spread([r['last_eval'] for r in side['sb3']], '.1f')} | {'yes' if ok else 'no'} "
             f"| {_spread([r['cpu_s_per_1k'] for r in side['rqrl']], '.2f')} "

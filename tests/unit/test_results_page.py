@@ -95,10 +95,12 @@ def test_the_page_covers_classic_control_over_five_seeds_and_minatar_over_three(
     assert all((r.folder / "curve.png").is_file() for r in records.values())
 
 
-def _bench_sb3(path: Path, rows: list[tuple[str, int, str, float, int]]) -> Path:
-    """A bench_sb3 --json output: rows of (env, seed, side, last eval, exit code)."""
+def _bench_sb3(path: Path, rows: list[tuple[str, int, str, float, int]], config: str | None = None) -> Path:
+    """A bench_sb3 --json output: rows of (env, seed, side, last eval, exit code); ``config`` on
+    the rqrl rows (older outputs have none)."""
     path.write_text(json.dumps({"runs": [
-        {"env": env, "seed": seed, "side": side, "last_eval": last, "rc": rc, "budget": 50_000, "cpu_s_per_1k": 1.5}
+        {"env": env, "seed": seed, "side": side, "last_eval": last, "rc": rc, "budget": 50_000, "cpu_s_per_1k": 1.5,
+         **({"config": config} if config and side == "rqrl" else {})}
         for env, seed, side, last, rc in rows]}))
     return path
 
@@ -112,13 +114,15 @@ def test_the_sb3_column_pairs_seeds_both_sides_ran_and_a_later_file_replaces_a_r
         ("CartPole-v1", 0, "rqrl", 400.0, 2),          # replaces seed 0's 100.0
         ("CartPole-v1", 2, "rqrl", 9999.0, 2),         # no SB3 run of seed 2: not counted
         ("Acrobot-v1", 1, "rqrl", 0.0, 1), ("Acrobot-v1", 1, "sb3", -500.0, 0),  # rqrl failed: not counted
-        ("Acrobot-v1", 2, "rqrl", -70.0, 2), ("Acrobot-v1", 2, "sb3", -600.0, 2)])  # SB3's 2 is a failure
+        ("Acrobot-v1", 2, "rqrl", -70.0, 2), ("Acrobot-v1", 2, "sb3", -600.0, 2)],  # SB3's 2 is a failure
+        config="deploy/configs/cartpole_dqn_zoo.py")
     monkeypatch.setitem(results.SB3_WHY, "Acrobot-v1", "measured cause here.")
     out = tmp_path / "docs"
     page = _page(out, "--sb3-add", str(older), str(newer))
-    assert ("| CartPole-v1 | dqn | 50,000 | 0,1 | 450.0 [400.0, 500.0] | 250.0 [200.0, 300.0] | yes "
-            "| 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] |") in page
-    assert "| Acrobot-v1 | dqn | 50,000 | 0 | -90.0 | -80.0 | no |" in page
+    # Each rqrl config that ran a counted seed is named; a row without one ran the env's preset.
+    assert ("| CartPole-v1 | dqn | cartpole_dqn.py, cartpole_dqn_zoo.py | 50,000 | 0,1 | 450.0 [400.0, 500.0] "
+            "| 250.0 [200.0, 300.0] | yes | 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] |") in page
+    assert "| Acrobot-v1 | dqn | acrobot_dqn.py | 50,000 | 0 | -90.0 | -80.0 | no |" in page
     assert "rqrl's median last eval is at least SB3's on 1 of 2 envs." in page
     assert "- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here." in page
     assert "9999" not in page and "-500" not in page and "-600" not in page
