@@ -16,12 +16,14 @@ Where each number comes from (rl-zoo's name in brackets):
   against the weights it began with.
 - epsilon from 1.0 to 0.04 linearly over the first 16% of 50,000 env steps
   (``exploration_fraction: 0.16``, ``exploration_final_eps: 0.04``): 8,000 env steps.
-- one env per collector acting in chunks of 256 env steps, at most 256 ahead of what the learner
-  trained on, with weights published every 128 train iterations: SB3's loop, which acts 256 env
-  steps with the weights its last 128 updates left (the MountainCar preset mirrors SB3's loop the
-  same way, deploy/configs/mountaincar_dqn.py says why). With chunks of 16, a lead of 16 and
-  weights every 8 train iterations the last evals at seeds 0-4 were 112.6, 500.0, 128.0, 500.0,
-  453.4 (docs/bench/2026-12-07-sb3-why-cartpole-zoo-one-env-n16.json).
+- collection as the CartPole preset's (8 envs per collector, chunks of 128 env steps, collectors at
+  most 256 env steps ahead of the learner, weights published every 16 train iterations): with it
+  rl-zoo's numbers ended at 500.0, 500.0, 500.0, 403.8, 500.0 at seeds 0-4
+  (docs/bench/2026-12-06-sb3-why-cartpole-zoo.json). Mirroring SB3's loop instead, as the
+  MountainCar preset does, scored lower here: one env in chunks of 16, a lead of 16 and weights
+  every 8 train iterations 112.6, 500.0, 128.0, 500.0, 453.4; one env in chunks of 256 (SB3's
+  ``train_freq``), a lead of 256 and weights every 128 train iterations (its ``gradient_steps``)
+  143.4, 500.0, 500.0, 161.6, 255.4 (docs/bench/2026-12-07-sb3-why-cartpole-zoo-one-env-*.json).
 - stop_value 475 (gymnasium's reward threshold for v1); budget 50,000 env steps (``n_timesteps``),
   evals every 5,000 env steps on 5 episodes.
 """
@@ -31,7 +33,7 @@ main_config = dict(
     seed=0,
     env=dict(
         env_id="CartPole-v1",
-        collector_env_num=1,
+        collector_env_num=8,
         evaluator_env_num=5,
         n_evaluator_episode=5,
         stop_value=475.0,
@@ -41,8 +43,8 @@ main_config = dict(
         discount_factor=0.99,
         model=dict(hidden_size_list=[256, 256], dueling=False),
         learn=dict(batch_size=64, learning_rate=2.3e-3, target_update_freq=128, huber_delta=1.0, grad_clip_norm=10.0,
-                   train_iter_per_env_step=0.5, max_env_step_lead=256, learner=dict(send_policy_freq=128)),
-        collect=dict(n_sample=256),
+                   train_iter_per_env_step=0.5, max_env_step_lead=256, learner=dict(send_policy_freq=16)),
+        collect=dict(n_sample=128),
         other=dict(
             eps=dict(type="linear", start=1.0, end=0.04, decay=8000),
             replay_buffer=dict(replay_buffer_size=100_000, replay_start_size=1000),

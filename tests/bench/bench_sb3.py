@@ -9,9 +9,10 @@ waited-for children's rusage, which misses what a side's own children do not wai
 output says which): its CPU seconds are everything it did, imports, evals, Redis and the
 background teardown of ``rqrl train`` included, divided by the env-step budget.
 
-- rqrl: the env's config in :data:`CONFIGS` (its preset, or a config with rl-zoo's numbers where
-  the preset has DI-engine's; two collector workers and one for evals as
-  ``rqrl train`` starts them; each row records its ``config``), ``--seed S``, an unreachable stop value, the
+- rqrl: the env's config in :data:`CONFIGS` (its preset, or for CartPole and Acrobot, whose presets
+  have DI-engine's numbers, a config with rl-zoo's; Pendulum keeps its DI-engine preset, which
+  scored higher in rqrl than rl-zoo's SAC numbers; two collector workers and one for evals as
+  ``rqrl train`` starts them; each row records its ``config`` and the file's sha256), ``--seed S``, an unreachable stop value, the
   budget as ``commander.max_env_step``, an eval every ``--eval-every`` env steps on 5 greedy
   episodes (DQN: ``policy.eval.eps=0``, and SB3's plain-max target, ``policy.learn.double=False``,
   unless ``--double``; SAC evals play the mean action); its last eval is the closing eval at the
@@ -37,6 +38,7 @@ on each config (tests/bench/bench_learner_loop.py; ``--loop-repeats 0`` skips it
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -59,7 +61,7 @@ EVAL_EPISODES = 5
 # value fast; Pendulum's rl-zoo numbers scored lower in rqrl than its DI-engine preset, SB3_WHY).
 CONFIGS = {"MountainCar-v0": "mountaincar_dqn.py", "LunarLander-v3": "lunarlander_dqn.py",
            "CartPole-v1": "cartpole_dqn_zoo.py", "Acrobot-v1": "acrobot_dqn_zoo.py", "Pendulum-v1": "pendulum_sac.py"}
-# The algorithm of each env's preset: rl-zoo's hyperparams file and SB3's class of that name.
+# The algorithm of each env's config: rl-zoo's hyperparams file and SB3's class of that name.
 ALGOS = {"Pendulum-v1": "sac"}
 
 
@@ -224,12 +226,14 @@ def rqrl_side(env_id: str, seed: int, budget: int, eval_every: int, double: bool
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = run_measured(cmd, work, timeout_s=max(1800, budget / 20), env=env, split=True)
     run = work / exp / "latest"
-    if keep is not None:
+    if keep is not None and (run / "final.pt").is_file():
         shutil.copyfile(run / "final.pt", keep / f"rqrl_{env_id}_s{seed}.pt")
     summary = json.loads((run / "summary.json").read_text())
     evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines() if line.strip()]
     scored = [e for e in evals if e.get("reward_mean") is not None]
+    # The file's content too: a config edited after a run must not pass for what that run trained.
     out.update(config=config.relative_to(REPO).as_posix() if config.is_relative_to(REPO) else str(config),
+               config_sha256=hashlib.sha256(config.read_bytes()).hexdigest(),
                envstep=summary["envstep"], train_iter=summary["train_iter"], learner_cpu_s=summary.get("learner_cpu_s"),
                learner_train_iter_per_sec=summary.get("learner_train_iter_per_sec"),
                learner_sched_wait_share=summary.get("learner_sched_wait_share"),

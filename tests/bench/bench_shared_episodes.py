@@ -39,11 +39,11 @@ def group_means(returns: list[float], size: int = GROUP) -> list[float]:
 
 def _actor(path: Path) -> tuple[str, Callable[[np.ndarray], Any]]:
     """(env id, act) of a kept policy: ``rqrl_ENV_sSEED.pt`` or ``sb3_ENV_sSEED.zip``."""
-    m = re.fullmatch(r"(rqrl|sb3)_(.+)_s\d+\.(pt|zip)", path.name)
+    m = re.fullmatch(r"rqrl_(.+)_s\d+\.pt|sb3_(.+)_s\d+\.zip", path.name)
     if m is None:
         raise ValueError(f"{path}: not a bench_sb3 --keep file (rqrl_ENV_sSEED.pt or sb3_ENV_sSEED.zip)")
-    side, env_id = m.group(1), m.group(2)
-    if side == "rqrl":
+    env_id = m.group(1) or m.group(2)
+    if m.group(1):
         import rqrl
 
         agent = rqrl.load(path)

@@ -22,8 +22,8 @@ files.
 worker fleet, then takes each in. Budgets are the presets' own unless the plan sets a smaller
 one this 2-core machine can finish, which the page states.
 
-The SB3 column (issue 34): ``--sb3-run ENV ...`` runs tests/bench/bench_sb3.py (rqrl's preset and
-SB3 with rl-zoo3's hyperparameters, the same env-step budget and seeds, one after the other) and
+The SB3 column (issue 34): ``--sb3-run ENV ...`` runs tests/bench/bench_sb3.py (rqrl's config for the env,
+bench_sb3.CONFIGS, and SB3 with rl-zoo3's hyperparameters, the same env-step budget and seeds, one after the other) and
 keeps its output as ``docs/results/sb3/<UTC time>.json``; ``--sb3-add`` copies an existing output
 there. The page's SB3 section is written from those files: for each env and seed both sides ran,
 its last eval at the budget; a later file (by name) replaces an earlier one's row of the same env,
@@ -194,25 +194,26 @@ def run_plan(names: list[str], workdir: Path, results_dir: Path = RESULTS_DIR) -
 
 # ---------------------------------------------------------------- the SB3 column
 
-# Why rqrl's median last eval is below SB3's, per env, where it is (measured; the page says so).
-# The runs named here are bench_sb3 runs with --rqrl-config / --rqrl-arg, raw under docs/bench/
-# ({bench}: its path from the page).
+# Why rqrl's median last eval is below SB3's, per env, shown only where it is (measured; the page
+# says so). The runs named here are bench_sb3 runs with --rqrl-config / --rqrl-arg, raw under
+# docs/bench/ ({bench}: its path from the page; {rel}: docs/results/'s).
 SB3_WHY: dict[str, str] = {
     "CartPole-v1": (
-        "the preset is DI-engine's CartPole config (128x128 dueling head, 3-step returns, discount 0.97), made to "
-        "pass the stop value 195 in a few thousand env steps and stop there (the table above); run on to 50,000 env "
-        "steps its greedy policy swings between 129 and 500. With rl-zoo's CartPole numbers instead (256x256, "
-        "1-step, discount 0.99, Adam 2.3e-3, batch 64, 0.5 updates per env step, epsilon to 0.04 over 8,000 env "
-        "steps, the target copied every 128 train iterations: SB3 copies it every 10 env steps between bursts of "
-        "128 updates, so each burst trains against the weights it began with), rqrl's last evals at seeds 0-4 are "
-        "500.0, 500.0, 500.0, 403.8, 500.0: median 500.0, level with SB3 "
-        "([raw]({bench}/2026-12-06-sb3-why-cartpole-zoo.json))."),
+        "a greedy CartPole policy at the budget swings between about 100 and 500 on either side (SB3's seeds here: "
+        "15.6 to 500.0). Four five-seed runs of rl-zoo's numbers in rqrl ended at 500 in 10 of 20 runs, with "
+        "medians 500.0 ([raw]({bench}/2026-12-06-sb3-why-cartpole-zoo.json)), 453.4 and 255.4 (one env per "
+        "collector in chunks of [16]({bench}/2026-12-07-sb3-why-cartpole-zoo-one-env-n16.json) and "
+        "[256]({bench}/2026-12-07-sb3-why-cartpole-zoo-one-env-n256.json)) and 213.0 (the row above: the first "
+        "run's collection, cartpole_dqn_zoo.py as committed); SB3's five ended at 500 in 3. The preset "
+        "cartpole_dqn.py (DI-engine's: 128x128 dueling head, 3-step returns, discount 0.97, made to pass 195 in a "
+        "few thousand env steps) scored a median of 228.4 ([raw]({rel}/sb3/2026-12-06-cartpole-s0-4.json))."),
     "Acrobot-v1": (
-        "the column's config is acrobot_dqn_zoo.py (rl-zoo's numbers); its greedy policy can collapse between "
-        "evals: seed 0 of its first five runs scored -70.2 at 89,840 env steps and -181.8 at the budget, while "
-        "seeds 1-4 ended at -71.6, -68.2, -68.2 and -90.6 (median of the five -71.6, above SB3's -73.6). The "
+        "not measured for these runs. The greedy policy of acrobot_dqn_zoo.py (rl-zoo's numbers) can collapse between "
+        "evals: in the first five-seed run of that config seed 0 scored -70.2 at its eval before last and -181.8 "
+        "at the budget while its training episodes (epsilon 0.1) returned -83 on average (the progress lines in "
+        "[its row]({rel}/sb3/20261207T000200Z-acrobot-zoo.json)). The "
         "preset acrobot_dqn.py (DI-engine's CartPole settings, which pass -100 in 25,000-90,000 env steps and "
-        "improve little after) scored a median of -95.8 (results/sb3/2026-12-06-acrobot-s0-4.json), and "
+        "improve little after) scored a median of -95.8 ([raw]({rel}/sb3/2026-12-06-acrobot-s0-4.json)), and "
         "rl-zoo's numbers with 4 envs per collector -75.0 ([raw]({bench}/2026-12-06-sb3-why-acrobot-zoo.json))."),
     "LunarLander-v3": (
         "no cause found, and five single runs per side do not separate the two: one seed run again gives a "
@@ -233,15 +234,16 @@ SB3_WHY: dict[str, str] = {
         "-178.4, -120.2, -95.0, -93.4, -108.2) none ends at -200, and their median, -114.1, is above SB3's over its "
         "11 runs here (-122.2); one seed's two runs differ by up to 58."),
     "Pendulum-v1": (
-        "not the hyperparameters: with SB3's SAC as rl-zoo runs it (rl-zoo sets only the learning rate, 1e-3; "
-        "SB3's defaults: 256x256 nets, batch 256, the temperature tuned from 1.0; rqrl's replay start at 256 env "
-        "steps where SB3 learns from 100), rqrl's last evals at seeds 0-4 are -122.9, -190.2, -76.0, -184.3, -167.1 "
-        "(median -167.1), no better than the preset's -120.7 "
-        "([raw]({bench}/2026-12-06-sb3-why-pendulum-zoo.json)). Nor the collection that closed most of "
-        "MountainCar's gap: one env per collector, collectors at most 16 env steps ahead of the learner and weights "
-        "published every 8 train iterations give -120.7, -116.0, -188.9, -140.2, -143.6 (median -140.2) "
-        "([raw]({bench}/2026-12-07-sb3-why-pendulum-one-env.json)). A 5-episode Pendulum eval spreads widely with "
-        "the random start angle (SB3's seeds span -185.8 to -49.3); cause not found."),
+        "the 5-episode eval, not the policies. Seeds 0 and 1 run again on both sides with their final policies "
+        "kept (bench_sb3 --keep), then played on the same 100 episodes (tests/bench/bench_shared_episodes.py): "
+        "rqrl's average -131.6 and -134.3, SB3's -130.6 and -131.2, while the means of 5 consecutive of those "
+        "episodes span -227.4 to -51.0 for rqrl's seed-0 policy (-227.9 to -51.1 for SB3's) from the start "
+        "angles alone; those runs' own last evals were -126.3 and -117.5 (rqrl), -143.7 and -51.6 (SB3, whose seed 1 scored -94.8 in the row above) "
+        "([runs]({bench}/2026-12-07-sb3-pendulum-kept-policies.json), "
+        "[100 episodes]({bench}/2026-12-07-shared-episodes-pendulum.json)). Tried and no better: SB3's SAC "
+        "settings as rl-zoo runs them (median -167.1, [raw]({bench}/2026-12-06-sb3-why-pendulum-zoo.json)); one "
+        "env per collector, a lead of 16 env steps and weights every 8 train iterations (median -140.2, "
+        "[raw]({bench}/2026-12-07-sb3-why-pendulum-one-env.json))."),
 }
 
 
@@ -307,8 +309,9 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
         return []
     lines = ["", "## Against Stable-Baselines3 + rl-zoo3", "",
              "`tests/bench/bench_sb3.py` (the `bench` extra) runs both sides on one env, budget and seed: rqrl's "
-             "config through `rqrl train` (the env's preset, or a config with rl-zoo's numbers where the preset has "
-             "DI-engine's: the column names it; two collector workers, DQN's plain-max target as SB3's and greedy "
+             "config through `rqrl train` (the env's preset, or for CartPole and Acrobot, whose presets have DI-engine's "
+             "numbers, a config with rl-zoo's; Pendulum keeps its DI-engine preset, which scored higher in rqrl than "
+             "rl-zoo's SAC numbers; the column names the config; two collector workers, DQN's plain-max target as SB3's and greedy "
              "evals) and SB3 with rl-zoo3's hyperparameters for the env; both evaluate every 10,000 env steps on 5 "
              "episodes, and the last eval is at the budget (rl-zoo's `n_timesteps`). Run it with "
              f"`{SB3_COMMAND.format(envs='ENV ...')}`.", "",
@@ -337,7 +340,7 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
         per_seed = "; ".join(f"seed {s}: {a['last_eval']:.1f} / {b['last_eval']:.1f}"
                              for s, a, b in zip(seeds, side["rqrl"], side["sb3"]))
         why.append(f"- {env} (rqrl / SB3 per seed): {per_seed}."
-                   + ("" if ok else f" rqrl is lower: {SB3_WHY.get(env, 'not measured yet.').format(bench=bench)}"))
+                   + ("" if ok else f" rqrl is lower: {SB3_WHY.get(env, 'not measured yet.').format(bench=bench, rel=rel)}"))
     lines += ["", f"rqrl's median last eval is at least SB3's on {at_least} of {len(why)} envs.", "", *why]
     return lines
 

@@ -147,15 +147,17 @@ _STOP_GUARD_S = 90
 def _stuck_stop_report(p: subprocess.Popen, sig: signal.Signals, run_dir) -> str:
     """Why ``rqrl train`` (``p``) did not stop: the Python stacks of its threads (SIGABRT makes
     faulthandler print them; PYTHONFAULTHANDLER is set), its output and the run's logs."""
+    exited = p.poll() is not None  # then a process it forked holds its pipes open
     p.send_signal(signal.SIGABRT)
     try:
         out, err = p.communicate(timeout=30)
-    except subprocess.TimeoutExpired:  # the pipes outlive it: a forked process still holds them
+    except subprocess.TimeoutExpired:  # Popen keeps what was read: the stacks are in it
         p.kill()
-        out, err = "", "(no output: its pipes stayed open after SIGABRT)"
+        out, err = p.communicate(timeout=10)
+    what = "exited, but its pipes stayed open" if exited else "still ran"
     logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-3000:]
                    for f in sorted((run_dir / "log").glob("*.log")))
-    return f"rqrl train still ran {_STOP_GUARD_S} s after {sig.name}\n{out}\n{err[-8000:]}{logs}"
+    return f"rqrl train {what} {_STOP_GUARD_S} s after {sig.name}\n{out}\n{err[-8000:]}{logs}"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -206,7 +206,7 @@ def test_bench_dqn_loop_updates_in_bursts_after_the_start():
         run(cfg, seed=0, n_env=3, train_freq=16, gradient_steps=8, budget=512)
 
 
-def test_shared_episodes_give_every_policy_the_same_start_states(tmp_path):
+def test_shared_episodes_replay_the_same_start_states(tmp_path):
     from tests.bench import bench_shared_episodes as shared
     from tests.unit.test_export_eval import make_policy, save_bundle
 
@@ -216,7 +216,9 @@ def test_shared_episodes_give_every_policy_the_same_start_states(tmp_path):
     path = save_bundle(make_policy("dqn"), tmp_path / "rqrl_CartPole-v1_s0.pt")
     a, b = shared.play(path, 10, 7), shared.play(path, 10, 7)
     assert a["returns"] == b["returns"] and len(a["group_means"]) == 2  # same seeds, same greedy episodes
+    assert len(set(a["returns"])) > 1  # the start states differ, and so do the episodes
     # Another start state, another episode: the seeds reach the env.
     assert shared.play(path, 10, 8)["returns"][:9] == a["returns"][1:]
-    with pytest.raises(ValueError, match="not a bench_sb3 --keep file"):
-        shared.play(tmp_path / "final.pt", 5, 0)
+    for name in ("final.pt", "sb3_CartPole-v1_s0.pt", "rqrl_CartPole-v1_s0.zip"):
+        with pytest.raises(ValueError, match="not a bench_sb3 --keep file"):
+            shared.play(tmp_path / name, 5, 0)
