@@ -94,9 +94,12 @@ PLAN: tuple[Planned, ...] = (
                       "(Young & Tian 2019, figure 2); random play scores about 0.4"),
     Planned("MinAtar/Breakout-v1", "impala", seeds="0-2", collectors=3, overrides=("commander.max_env_step=1000000",),
             note="a fifth of the preset's 5,000,000 (the MinAtar paper's budget): issue 32's 1 M env steps",
-            reference="no published actor-critic curve was found in the sources searchable here; the MinAtar paper's "
-                      "DQN has a training return of about 10 by 1 M frames (Young & Tian 2019, figure 2); random "
-                      "play scores about 0.4"),
+            reference="the MinAtar paper's own actor-critic agent (AC(lambda), its repository's examples/AC_lambda.py "
+                      "with the paper's settings; the paper's curves are not readable here) run on this machine for "
+                      "1 M frames: a training return of 4.38 and 4.50 over the last 100 episodes, seeds 0 and 1 "
+                      "([raw](bench/2026-12-07-minatar-ac-lambda-reference.json); rqrl's summary.json "
+                      "train_return_mean, the same statistic, is 5.25, 5.99 and 4.99 here); the paper's DQN about 10 "
+                      "by 1 M frames (Young & Tian 2019, figure 2); random play about 0.4"),
     Planned("rqrl/ConnectFour-v0", "ppo", seeds="0-2", collectors=3, overrides=("commander.max_env_step=1000000",),
             note="a third of the preset's 3,000,000 env steps: three self-play leagues at once on two cores",
             reference="the return is the win rate against the heuristic (win if it can, block if it must); a random "
