@@ -98,7 +98,7 @@ PLAN: tuple[Planned, ...] = (
                       "with the paper's settings; the paper's curves are not readable here) run on this machine for "
                       "1 M frames: a training return of 4.38 and 4.50 over the last 100 episodes, seeds 0 and 1 "
                       "([raw](bench/2026-12-07-minatar-ac-lambda-reference.json); rqrl's summary.json "
-                      "train_return_mean, the same statistic, is 5.25, 5.99 and 4.99 here); the paper's DQN about 10 "
+                      "train_return_mean, the same statistic, is 5.11, 5.19 and 5.71 in the table's run); the paper's DQN about 10 "
                       "by 1 M frames (Young & Tian 2019, figure 2); random play about 0.4"),
     Planned("rqrl/ConnectFour-v0", "ppo", seeds="0-2", collectors=3, overrides=("commander.max_env_step=1000000",),
             note="a third of the preset's 3,000,000 env steps: three self-play leagues at once on two cores",
@@ -219,7 +219,11 @@ SB3_WHY: dict[str, str] = {
         "improve little after) scored a median of -95.8 ([raw]({rel}/sb3/2026-12-06-acrobot-s0-4.json)), and "
         "rl-zoo's numbers with 4 envs per collector -75.0 ([raw]({bench}/2026-12-06-sb3-why-acrobot-zoo.json))."),
     "LunarLander-v3": (
-        "no cause found, and five single runs per side do not separate the two: one seed run again gives a "
+        "not rqrl's distribution: rqrl's own DQN in SB3's loop in one process (one env, 4 updates after every 4 "
+        "env steps, the plain-max target; tests/bench/bench_dqn_loop.py) scores a median of 76.9 over seeds 0-4 "
+        "(46.9 to 221.4, [raw]({bench}/2026-12-07-dqn-loop-lunarlander-1env.json)), below the distributed run's "
+        "141.6. No cause found in the update itself, and five single runs per side do not separate the two: "
+        "one seed run again gives a "
         "different last eval on either side (SB3 scored -19.8, 34.0 and 103.5 in three runs of seed 1; rqrl, whose "
         "collection is asynchronous, -17.0 to 238.2 in five runs of seed 0 on code states that differ in how often "
         "the learner publishes weights: docs/bench/2026-12-06-sb3*.json), wider than the gap between the medians. "
