@@ -62,7 +62,8 @@ class Planned:
         seeds: ``rqrl sweep --seeds``.
         overrides: ``--set`` for every seed (a budget smaller than the preset's, when it has one).
         note: why the budget differs from the preset's, shown on the page.
-        reference: a published figure to compare with, shown on the page.
+        reference: a published figure to compare with, shown on the page (``{bench}``: docs/bench
+            relative to the page).
     """
 
     env_id: str
@@ -95,11 +96,13 @@ PLAN: tuple[Planned, ...] = (
     Planned("MinAtar/Breakout-v1", "impala", seeds="0-2", collectors=3, overrides=("commander.max_env_step=1000000",),
             note="a fifth of the preset's 5,000,000 (the MinAtar paper's budget): issue 32's 1 M env steps",
             reference="the MinAtar paper's own actor-critic agent (AC(lambda), its repository's examples/AC_lambda.py "
-                      "with the paper's settings; the paper's curves are not readable here) run on this machine for "
-                      "1 M frames: a training return of 4.38 and 4.50 over the last 100 episodes, seeds 0 and 1 "
-                      "([raw](bench/2026-12-07-minatar-ac-lambda-reference.json); rqrl's summary.json "
-                      "train_return_mean, the same statistic, is 5.11, 5.19 and 5.71 in the table's run); the paper's DQN about 10 "
-                      "by 1 M frames (Young & Tian 2019, figure 2); random play about 0.4"),
+                      "with the paper's settings and all 6 actions, where this preset has Breakout-v1's 3; the "
+                      "paper's curves are not readable here) run on this machine for 1 M frames: a training return "
+                      "of 4.38 and 4.50 over the last 100 episodes, seeds 0 and 1 "
+                      "([raw]({bench}/2026-12-07-minatar-ac-lambda-reference.json), which also has rqrl's runs with "
+                      "all 6 actions); rqrl's summary.json train_return_mean, the same statistic, was 5.11, 5.19 and "
+                      "5.71 at commit 95c1f9f; the paper's DQN about 10 by 1 M frames (Young & Tian 2019, figure 2); "
+                      "random play about 0.4"),
     Planned("rqrl/ConnectFour-v0", "ppo", seeds="0-2", collectors=3, overrides=("commander.max_env_step=1000000",),
             note="a third of the preset's 3,000,000 env steps: three self-play leagues at once on two cores",
             reference="the return is the win rate against the heuristic (win if it can, block if it must); a random "
@@ -219,11 +222,11 @@ SB3_WHY: dict[str, str] = {
         "improve little after) scored a median of -95.8 ([raw]({rel}/sb3/2026-12-06-acrobot-s0-4.json)), and "
         "rl-zoo's numbers with 4 envs per collector -75.0 ([raw]({bench}/2026-12-06-sb3-why-acrobot-zoo.json))."),
     "LunarLander-v3": (
-        "not rqrl's distribution: rqrl's own DQN in SB3's loop in one process (one env, 4 updates after every 4 "
-        "env steps, the plain-max target; tests/bench/bench_dqn_loop.py) scores a median of 76.9 over seeds 0-4 "
-        "(46.9 to 221.4, [raw]({bench}/2026-12-07-dqn-loop-lunarlander-1env.json)), below the distributed run's "
-        "141.6. No cause found in the update itself, and five single runs per side do not separate the two: "
-        "one seed run again gives a "
+        "the distribution is not the cause. rqrl's own DQN in SB3's loop in one process (one env, 4 updates "
+        "after every 4 env steps, the plain-max target; tests/bench/bench_dqn_loop.py) scores a median of 76.9 "
+        "over seeds 0-4 (46.9 to 221.4, [raw]({bench}/2026-12-07-dqn-loop-lunarlander-1env.json)), no closer to "
+        "SB3's. Read beside SB3 2.9.2's DQN, the update has the same loss, optimizer, clipping, net, target copies "
+        "and epsilon schedule. Five single runs per side do not separate the two: one seed run again gives a "
         "different last eval on either side (SB3 scored -19.8, 34.0 and 103.5 in three runs of seed 1; rqrl, whose "
         "collection is asynchronous, -17.0 to 238.2 in five runs of seed 0 on code states that differ in how often "
         "the learner publishes weights: docs/bench/2026-12-06-sb3*.json), wider than the gap between the medians. "
@@ -473,7 +476,8 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
         machines.setdefault(text, []).append(r.exp)
     lines += ["", "Machines:", ""]
     lines += [f"- {', '.join(exps)}: {text}" for text, exps in machines.items()]
-    lines += sb3_lines(results_dir, rel, Path(os.path.relpath(REPO / "docs" / "bench", page.parent)))
+    bench = Path(os.path.relpath(REPO / "docs" / "bench", page.parent))
+    lines += sb3_lines(results_dir, rel, bench)
     for r in records:
         t = r.table
         folder = rel / r.exp
@@ -486,7 +490,7 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
         plan = next((p for p in PLAN if p.env_id == t["env_id"] and p.algo == t.get("algo")), None)
         note = plan.note if plan else ""
         lines.append(f"Budget: {r.budget()}" + (f"; {note}" if note else "") + ". "
-                     + (f"For comparison: {plan.reference}. " if plan and plan.reference else "")
+                     + (f"For comparison: {plan.reference.format(bench=bench)}. " if plan and plan.reference else "")
                      + (f"The sweep took {t['sweep_wall_seconds']:,.0f} s of wall time with {t.get('collectors', '?')} "
                         f"collector tasks at once across its seeds. " if t.get("sweep_wall_seconds") else "")
                      + (f"Load average at its end: {t['machine']['load_1min']} on {t['machine'].get('cpus', '?')} CPUs. "
