@@ -14,7 +14,7 @@ the seeds with their min-max band, drawn from the seeds' evals as sweep.png), an
 older one. The page is then written from those files alone: per preset the seeds, how many
 reached the stop value, env steps and wall seconds to it (median [min, max] over the runs that
 did), the last eval's return (the return at the budget for runs that did not), the
-re-evaluation of each final.pt on fresh episodes, the curve, the machine and links to the raw
+re-evaluation of each final.pt on fresh episodes, per seed its training return, the curve, the machine and links to the raw
 files.
 
 ``--run`` runs the sweeps of :data:`PLAN` one after the other (``rqrl sweep --env ID --algo NAME
@@ -62,8 +62,8 @@ class Planned:
         seeds: ``rqrl sweep --seeds``.
         overrides: ``--set`` for every seed (a budget smaller than the preset's, when it has one).
         note: why the budget differs from the preset's, shown on the page.
-        reference: a published figure to compare with, shown on the page (``{bench}``: docs/bench
-            relative to the page).
+        reference: a published figure to compare with, shown on the page (``{bench}`` / ``{rel}``:
+            docs/bench / the records' folder relative to the page, as in :data:`SB3_WHY`).
     """
 
     env_id: str
@@ -100,8 +100,8 @@ PLAN: tuple[Planned, ...] = (
                       "paper's curves are not readable here) run on this machine for 1 M frames: a training return "
                       "of 4.38 and 4.50 over the last 100 episodes, seeds 0 and 1 "
                       "([raw]({bench}/2026-12-07-minatar-ac-lambda-reference.json), which also has rqrl's runs with "
-                      "all 6 actions); rqrl's summary.json train_return_mean, the same statistic, was 5.11, 5.19 and "
-                      "5.71 at commit 95c1f9f; the paper's DQN about 10 by 1 M frames (Young & Tian 2019, figure 2); "
+                      "all 6 actions; rqrl's same statistic is the table's training return column); the "
+                      "paper's DQN about 10 by 1 M frames (Young & Tian 2019, figure 2); "
                       "random play about 0.4"),
     Planned("rqrl/ConnectFour-v0", "ppo", seeds="0-2", collectors=3, overrides=("commander.max_env_step=1000000",),
             note="a third of the preset's 3,000,000 env steps: three self-play leagues at once on two cores",
@@ -387,13 +387,18 @@ class Record:
         return self.table["exp_name"]
 
     def seeds(self) -> list[dict[str, Any]]:
-        """Per seed: its sweep row, with the last and best eval read from its evals.jsonl."""
+        """Per seed: its sweep row, with the last and best eval read from its evals.jsonl and the
+        training return (``train_return``: summary.json's mean of the last 100 training episodes;
+        None in runs that predate it)."""
         out = []
         for row in self.table["runs"]:
-            evals = _evals(self.folder / f"seed{row['seed']}")
+            seed_dir = self.folder / f"seed{row['seed']}"
+            evals = _evals(seed_dir)
             last = evals[-1]["reward_mean"] if evals else row.get("last_eval_reward_mean")
             best = max((e["reward_mean"] for e in evals), default=row.get("best_eval_reward_mean"))
-            out.append({**row, "last": last, "best": best, "evals": len(evals)})
+            summary = seed_dir / "summary.json"
+            train = json.loads(summary.read_text()).get("train_return_mean") if summary.is_file() else None
+            out.append({**row, "last": last, "best": best, "evals": len(evals), "train_return": train})
         return out
 
     def budget(self) -> str:
@@ -444,7 +449,9 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
         "*last eval* is its return there. Wall times are of seeds sharing the machine's cores with each other "
         "(and, here, with other work), so one run alone is faster. *Re-eval of final.pt*: the mean return over "
         "the seeds of each final.pt on 20 episodes no run saw (DQN acts with epsilon 0.05, PPO greedily, SAC "
-        "with its mean action).",
+        "with its mean action). *Training return*: per seed, the mean return of its last 100 training "
+        "episodes (summary.json `train_return_mean`: the collectors' own actions, exploration included; "
+        "\"-\" for runs older than that figure).",
         "",
         "| preset | env | algo | seeds | solved | env steps to stop value | wall time to stop value (s) "
         "| last eval (stop value) | re-eval of final.pt | budget |",
@@ -490,7 +497,8 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
         plan = next((p for p in PLAN if p.env_id == t["env_id"] and p.algo == t.get("algo")), None)
         note = plan.note if plan else ""
         lines.append(f"Budget: {r.budget()}" + (f"; {note}" if note else "") + ". "
-                     + (f"For comparison: {plan.reference.format(bench=bench)}. " if plan and plan.reference else "")
+                     + (f"For comparison: {plan.reference.format(bench=bench, rel=rel)}. "
+                        if plan and plan.reference else "")
                      + (f"The sweep took {t['sweep_wall_seconds']:,.0f} s of wall time with {t.get('collectors', '?')} "
                         f"collector tasks at once across its seeds. " if t.get("sweep_wall_seconds") else "")
                      + (f"Load average at its end: {t['machine']['load_1min']} on {t['machine'].get('cpus', '?')} CPUs. "
@@ -498,14 +506,14 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
                      + (f"rqrl commit {t['machine']['commit']}. " if (t.get("machine") or {}).get("commit") else "")
                      + f"Raw: [sweep.json]({folder}/sweep.json), per seed `{folder}/seed<N>/`.")
         lines += ["", "| seed | solved | wall time (s) | env steps | train iters | evals | last eval | best eval "
-                      "| re-eval of final.pt |",
-                  "| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                      "| re-eval of final.pt | training return |",
+                  "| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for s in r.seeds():
             reeval = "-" if s.get("reeval_mean") is None else f"{s['reeval_mean']:.1f} ± {s['reeval_std']:.1f}"
             fmt = (lambda v: "-" if v is None else f"{v:.1f}")
             lines.append(f"| {s['seed']} | {'yes' if s['solved'] else 'no'} | {float(s['wall_seconds'] or 0):.0f} "
                          f"| {s['envstep']:,} | {s['train_iter']:,} | {s['evals']} | {fmt(s['last'])} | {fmt(s['best'])} "
-                         f"| {reeval} |")
+                         f"| {reeval} | {fmt(s['train_return'])} |")
         if (r.folder / "curve.png").is_file():
             lines += ["", f"![{r.exp}: eval return against env steps, mean and min-max band over seeds]"
                           f"({folder}/curve.png)"]

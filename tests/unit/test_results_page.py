@@ -4,6 +4,7 @@ from those records alone, and the committed page is what its records give."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -24,7 +25,10 @@ def _sweep(root: Path, exp: str, runs: list[dict], **table) -> Path:
     for r in runs:
         run_dir = root / exp / f"20261201T000000Z-s{r['seed']}"
         run_dir.mkdir()
-        (run_dir / "summary.json").write_text(json.dumps({"envstep": r["envstep"], "wall_seconds": r["wall"]}))
+        summary = {"envstep": r["envstep"], "wall_seconds": r["wall"]}
+        if "train" in r:
+            summary["train_return_mean"] = r["train"]
+        (run_dir / "summary.json").write_text(json.dumps(summary))
         (run_dir / "evals.jsonl").write_text("".join(
             json.dumps({"envstep": e, "reward_mean": v, "episodes": 5}) + "\n" for e, v in r["evals"]))
         rows.append({"seed": r["seed"], "run_name": run_dir.name, "exit_code": 0 if r["solved"] else 2,
@@ -66,6 +70,21 @@ def test_a_sweep_taken_in_gives_the_page_its_figures_curve_and_raw_files(tmp_pat
     assert all((out / link).is_file() for link in links), links
     assert (out / "results" / "cartpole_dqn" / "seed1" / "evals.jsonl").read_text().count("\n") == 2
     assert json.loads((out / "results" / "acrobot_dqn" / "sweep.json").read_text())["machine"]["cpus"] >= 1
+
+
+def test_each_seed_row_gives_its_training_return_and_a_reference_links_from_where_the_page_is(tmp_path, monkeypatch):
+    ref = results.Planned("CartPole-v1", "dqn", reference="a figure ([raw]({bench}/ref.json), [run]({rel}/x.json))")
+    monkeypatch.setattr(results, "PLAN", (ref,))
+    sweep = _sweep(tmp_path / "work", "cartpole_dqn", [
+        {"seed": 0, "solved": False, "envstep": 900, "wall": 9.0, "evals": [(900, 20.0)], "train": 31.25},
+        {"seed": 1, "solved": False, "envstep": 900, "wall": 9.0, "evals": [(900, 30.0)]}],  # before the figure
+        env_id="CartPole-v1", algo="dqn", stop_value=195.0, machine=MACHINE)
+    out = tmp_path / "elsewhere" / "docs"
+    page = _page(out, "--add", str(sweep))
+    assert "| re-eval of final.pt | training return |" in page
+    assert "| 20.0 | 20.0 | - | 31.2 |" in page and "| 30.0 | 30.0 | - | - |" in page
+    bench = Path(os.path.relpath(REPO / "docs" / "bench", out))
+    assert f"a figure ([raw]({bench}/ref.json), [run](results/x.json))" in page
 
 
 def test_a_gpu_is_named_on_the_page(tmp_path):
