@@ -27,7 +27,9 @@ bench_sb3.CONFIGS, and SB3 with rl-zoo3's hyperparameters, the same env-step bud
 keeps its output as ``docs/results/sb3/<UTC time>.json``; ``--sb3-add`` copies an existing output
 there. The page's SB3 section is written from those files: for each env and seed both sides ran,
 its last eval at the budget; a later file (by name) replaces an earlier one's row of the same env,
-seed and side. Where rqrl's median is below SB3's the page gives :data:`SB3_WHY`'s measured cause.
+seed and side. Per env a rank test (tests/bench/stats.py ``rank_test_p``) says whether the two sides'
+last evals can be told apart at all; where rqrl's median is below SB3's the page gives
+:data:`SB3_WHY`'s measured cause.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tests.bench.bench_sb3 import algo_of, reached_budget
+from tests.bench.stats import rank_test_p
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "docs" / "results"
@@ -222,17 +225,25 @@ SB3_WHY: dict[str, str] = {
         "improve little after) scored a median of -95.8 ([raw]({rel}/sb3/2026-12-06-acrobot-s0-4.json)), and "
         "rl-zoo's numbers with 4 envs per collector -75.0 ([raw]({bench}/2026-12-06-sb3-why-acrobot-zoo.json))."),
     "LunarLander-v3": (
-        "the distribution is not the cause. rqrl's own DQN in SB3's loop in one process (one env, 4 updates "
-        "after every 4 env steps, the plain-max target; tests/bench/bench_dqn_loop.py) scores a median of 76.9 "
-        "over seeds 0-4 (46.9 to 221.4, [raw]({bench}/2026-12-07-dqn-loop-lunarlander-1env.json)), no closer to "
-        "SB3's. Read beside SB3 2.9.2's DQN, the update has the same loss, optimizer, clipping, net, target copies "
-        "and epsilon schedule. Five single runs per side do not separate the two: one seed run again gives a "
-        "different last eval on either side (SB3 scored -19.8, 34.0 and 103.5 in three runs of seed 1; rqrl, whose "
-        "collection is asynchronous, -17.0 to 238.2 in five runs of seed 0 on code states that differ in how often "
-        "the learner publishes weights: docs/bench/2026-12-06-sb3*.json), wider than the gap between the medians. "
-        "Per seed, SB3 is ahead on seeds 0, 2 and 3 here, rqrl on 1 and 4. The preset now steps one env per "
-        "collector, as MountainCar's (below); with four its seeds 0-4 scored -17.0, 117.0, -64.4, 131.1, 253.3 "
-        "(median 117.0)."),
+        "a difference these ten seeds nearly measure, with no cause found. SB3 is ahead on 7 of the 10 "
+        "seeds; rqrl's seed 5 ended in a policy that crashes (last eval -581.0). The final policies of seeds 5-9, "
+        "each played on the same 100 episodes (tests/bench/bench_shared_episodes.py, after bench_sb3 --keep), "
+        "average -678.0, 131.3, 206.2, 210.7, 182.3 (rqrl) against 227.3, 256.3, 185.3, 222.5, 244.5 (SB3): SB3's "
+        "policies are better, not just its 5-episode evals ([raw]({bench}/2026-12-07-shared-episodes-lunarlander.json)). "
+        "The update is not the cause: from the same weights, on the same 50 batches, rqrl's DQN update and SB3 "
+        "2.9.2's own DQN.train leave every weight within 3.0e-8 of each other on this config (float32 rounding; "
+        "a learning rate of 6.4e-4 for 6.3e-4 shows as 1.0e-5 after one update: tests/bench/bench_dqn_update.py, "
+        "[raw]({bench}/2026-12-07-dqn-update-vs-sb3.json)). Nor is rqrl's asynchronous collection: rqrl's own DQN "
+        "in SB3's loop in one process (one env, 4 updates after every 4 env steps, the plain-max target; "
+        "tests/bench/bench_dqn_loop.py) scores a median of 76.9 over seeds 0-4 (46.9 to 221.4, "
+        "[raw]({bench}/2026-12-07-dqn-loop-lunarlander-1env.json)). What that loop shares with rqrl train and not "
+        "with SB3 is rqrl's replay buffer, transition rows (the n-step adder at n = 1), epsilon-greedy acting and "
+        "env construction; each reads the same as SB3's, but none was measured against it the way the update was. "
+        "rqrl's full DQN (double DQN's target, a dueling head, 3-step returns) on rl-zoo's other numbers scored "
+        "68.0, 171.0, 186.4, 222.7, 270.2 at seeds 0-4 (median 186.4, 1.7x the CPU: "
+        "[raw]({bench}/2026-12-07-sb3-why-lunarlander-n3-dueling-double.json)). One seed run again spreads wide on "
+        "either side (SB3's seed 1: -19.8, 34.0 and 103.5 in three runs; rqrl's seed 0: -17.0 to 238.2 in five: "
+        "docs/bench/2026-12-06-sb3*.json)."),
     "MountainCar-v0": (
         "inside what one seed rerun spreads, no longer a failure mode. The preset used to end at -200 (the flag "
         "never reached in 5 greedy episodes) in 6 of 11 runs, SB3 in 1 of 11; rqrl's own DQN in SB3's loop in one "
@@ -311,7 +322,8 @@ def sb3_rows(results_dir: Path = RESULTS_DIR) -> dict[tuple[str, int, str], dict
 
 def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
     """The page's SB3 section (module docstring): per env the seeds both sides ran, their last
-    evals' median [min, max], whether rqrl's median is at least SB3's, and CPU s per 1k env steps;
+    evals' median [min, max], whether rqrl's median is at least SB3's, the rank test's p of the two
+    sides' last evals (stats.rank_test_p), and CPU s per 1k env steps;
     ``rel`` / ``bench``: results_dir and docs/bench relative to the page."""
     rows = sb3_rows(results_dir)
     envs = list(dict.fromkeys(env for env, _, _ in sorted(rows)))
@@ -326,8 +338,8 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
              "episodes, and the last eval is at the budget (rl-zoo's `n_timesteps`). Run it with "
              f"`{SB3_COMMAND.format(envs='ENV ...')}`.", "",
              "| env | algo | rqrl config | budget (env steps) | seeds | rqrl last eval | SB3 last eval | rqrl >= SB3 "
-             "| rqrl CPU s / 1k env steps | SB3 CPU s / 1k env steps | raw |",
-             "| --- | --- | --- | ---: | --- | ---: | ---: | :---: | ---: | ---: | --- |"]
+             "| rank test p | rqrl CPU s / 1k env steps | SB3 CPU s / 1k env steps | raw |",
+             "| --- | --- | --- | ---: | --- | ---: | ---: | :---: | ---: | ---: | ---: | --- |"]
     at_least, why = 0, []
     for env in envs:
         seeds = sorted(s for e, s, side in rows if e == env and side == "rqrl" and (e, s, "sb3") in rows)
@@ -337,21 +349,28 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
         med = {k: statistics.median(r["last_eval"] for r in side[k]) for k in side}
         ok = med["rqrl"] >= med["sb3"]
         at_least += ok
+        p = rank_test_p([r["last_eval"] for r in side["rqrl"]], [r["last_eval"] for r in side["sb3"]])
         files = sorted({r["file"] for k in side for r in side[k]})
         # Rows from before bench_sb3 recorded its config ran the env's preset.
         configs = sorted({Path(r.get("config") or _preset(env, algo_of(env)).path).name for r in side["rqrl"]})
         lines.append(
             f"| {env} | {algo_of(env)} | {', '.join(configs)} | {side['rqrl'][0]['budget']:,} "
             f"| {','.join(map(str, seeds))} | {_spread([r['last_eval'] for r in side['rqrl']], '.1f')} "
-            f"| {_spread([r['last_eval'] for r in side['sb3']], '.1f')} | {'yes' if ok else 'no'} "
+            f"| {_spread([r['last_eval'] for r in side['sb3']], '.1f')} | {'yes' if ok else 'no'} | {'-' if p is None else f'{p:.2f}'} "
             f"| {_spread([r['cpu_s_per_1k'] for r in side['rqrl']], '.2f')} "
             f"| {_spread([r['cpu_s_per_1k'] for r in side['sb3']], '.2f')} "
             f"| {', '.join(f'[{f}]({rel}/sb3/{f})' for f in files)} |")
         per_seed = "; ".join(f"seed {s}: {a['last_eval']:.1f} / {b['last_eval']:.1f}"
                              for s, a, b in zip(seeds, side["rqrl"], side["sb3"]))
         why.append(f"- {env} (rqrl / SB3 per seed): {per_seed}."
-                   + ("" if ok else f" rqrl is lower: {SB3_WHY.get(env, 'not measured yet.').format(bench=bench, rel=rel)}"))
-    lines += ["", f"rqrl's median last eval is at least SB3's on {at_least} of {len(why)} envs.", "", *why]
+                   + ("" if ok else f" rqrl is lower{'' if p is None else f' (rank test p {p:.2f})'}: "
+                                    f"{SB3_WHY.get(env, 'not measured yet.').format(bench=bench, rel=rel)}"))
+    lines += ["", f"rqrl's median last eval is at least SB3's on {at_least} of {len(why)} envs.", "",
+              "The rank test's p (tests/bench/stats.py): how often the last evals of the two sides would lie "
+              "at least this far apart in rank were both drawn from one distribution (Mann-Whitney U, two-sided, "
+              "exact over every split of the runs into the two sides' sizes). With 5 seeds a side it cannot go "
+              "below 0.008; a lower median with p above 0.05 is a gap these seeds cannot tell from seed-to-seed "
+              "noise, not a measured difference either way.", "", *why]
     return lines
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.bench.bench_components import _first_use_lags
 from tests.bench.bench_coordinator import stream_id
-from tests.bench.stats import fmt, spread, verdict
+from tests.bench.stats import fmt, rank_test_p, spread, verdict
 
 
 def test_spread_keeps_every_repeat():
@@ -30,6 +30,21 @@ def test_verdict_judges_the_whole_spread(values, goal, expected):
 def test_verdict_and_fmt_without_figure():
     assert verdict(None, ">= 1") == "no figure" and fmt(None) == "-"
     assert fmt(spread([1.0, 2.0, 4.0]), "ms") == "2 ms (1–4, n=3)"
+
+
+def test_the_rank_test_counts_every_split_of_the_runs_and_ties_as_half():
+    # 5 against 5 all apart: only the observed split and its mirror are that extreme, 2 of C(10, 5) = 252.
+    assert rank_test_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
+    assert rank_test_p([6, 7, 8, 9, 10], [1, 2, 3, 4, 5]) == pytest.approx(2 / 252)
+    # U = 13, half a step from its mean 12.5, where every split of distinct values lies.
+    assert rank_test_p([1, 4, 5, 8, 10], [2, 3, 6, 7, 9]) == 1.0
+    assert rank_test_p([1], [2]) is None  # one run a side: no test
+    assert rank_test_p([500, 500], [500, 500]) == 1.0
+    # 2 against 2: U = 4 or 0 in 2 of the C(4, 2) = 6 splits.
+    assert rank_test_p([400, 500], [200, 300]) == pytest.approx(2 / 6)
+    # A tie across the sides counts half: U = 3.5 of 4; |U - 2| >= 1.5 in the 2 extreme splits and
+    # in the 2 that swap the tied pair's members (each 3.5 or 0.5).
+    assert rank_test_p([300, 500], [200, 300]) == pytest.approx(4 / 6)
 
 
 def test_stream_ids_compare_as_integers():

@@ -140,10 +140,10 @@ def test_the_sb3_column_pairs_seeds_both_sides_ran_and_a_later_file_replaces_a_r
     page = _page(out, "--sb3-add", str(older), str(newer))
     # Each rqrl config that ran a counted seed is named; a row without one ran the env's preset.
     assert ("| CartPole-v1 | dqn | cartpole_dqn.py, cartpole_dqn_zoo.py | 50,000 | 0,1 | 450.0 [400.0, 500.0] "
-            "| 250.0 [200.0, 300.0] | yes | 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] |") in page
-    assert "| Acrobot-v1 | dqn | acrobot_dqn.py | 50,000 | 0 | -90.0 | -80.0 | no |" in page
+            "| 250.0 [200.0, 300.0] | yes | 0.33 | 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] |") in page
+    assert "| Acrobot-v1 | dqn | acrobot_dqn.py | 50,000 | 0 | -90.0 | -80.0 | no | - |" in page
     assert "rqrl's median last eval is at least SB3's on 1 of 2 envs." in page
-    assert "- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here." in page
+    assert ("- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here.") in page
     assert "9999" not in page and "-500" not in page and "-600" not in page
     links = re.findall(r"\]\(([^)#]+)\)", page)
     assert "results/sb3/a.json" in links and all((out / link).is_file() for link in links), links
