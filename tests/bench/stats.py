@@ -51,11 +51,12 @@ def fmt(fig: Optional[dict[str, Any]], unit: str = "") -> str:
 
 
 def rank_test_p(a: list[float], b: list[float]) -> Optional[float]:
-    """Two-sided p-value of the Mann-Whitney U test of ``a`` against ``b``: the share of all ways to
-    split the pooled values into groups of ``len(a)`` and ``len(b)`` whose U lies at least as far
-    from its mean as the observed one (exact: scipy's ``permutation_test`` enumerates the splits;
-    ties count half, as U counts them). With 5 values a side the smallest p is 2/252 = 0.008.
-    None when a side has fewer than 2 values.
+    """Two-sided p-value of the Mann-Whitney U test of ``a`` against ``b`` (U counts a tie as half):
+    twice the smaller one-sided p, each the share of all ways to split the pooled values into
+    groups of ``len(a)`` and ``len(b)`` whose U is at least / at most the observed one (exact:
+    scipy's ``permutation_test`` enumerates the splits; capped at 1). With equal group sizes U's
+    distribution is symmetric and this is the share of splits at least as far from its mean. With
+    5 values a side the smallest p is 2/252 = 0.0079. None when a side has fewer than 2 values.
     """
     if min(len(a), len(b)) < 2:
         return None

@@ -4,7 +4,7 @@ the DQN side of it (importance weights in, |TD error| out).
 
 Expected values are computed independently here (numpy cumsum, the formulas of Schaul et al.
 2016), never read back from the code under test. Frequency checks use Pearson's chi-square
-statistic against the df=9, p=0.001 critical value (scipy is not a dependency, see CHI2_CRIT).
+statistic against the df=9, p=0.001 critical value (scipy's, see CHI2_CRIT_DF9).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from easydict import EasyDict
+from scipy.stats import chi2, chisquare
 
 from common.config import compile_config
 from common.policy import create_policy
@@ -25,11 +26,10 @@ from workers.sources.replay import ReplayFeeder
 
 SCHEMA = {"obs": ((2,), np.dtype(np.float32)), "tag": ((), np.dtype(np.int64))}
 CARTPOLE = SpaceSpec("CartPole-v1", "box", (4,), 0, 0, "discrete", 2, 0, 0, (), ())
-# Upper 0.1 % point of the chi-square distribution with 9 degrees of freedom (10 cells): 27.877
-# (standard tables, e.g. NIST/SEMATECH e-Handbook 1.3.6.7.4). Under a correct sampler the
-# statistic exceeds it with probability 0.001 (stratified sampling only lowers that); a wrong
-# distribution over 10^5 draws gives statistics in the hundreds or more.
-CHI2_CRIT_DF9 = 27.877
+# Upper 0.1 % point of the chi-square distribution with 9 degrees of freedom (10 cells), 27.877.
+# Under a correct sampler the statistic exceeds it with probability 0.001 (stratified sampling
+# only lowers that); a wrong distribution over 10^5 draws gives statistics in the hundreds or more.
+CHI2_CRIT_DF9 = float(chi2.ppf(0.999, df=9))
 
 
 def rows(tags) -> dict[str, np.ndarray]:
@@ -39,9 +39,8 @@ def rows(tags) -> dict[str, np.ndarray]:
 
 
 def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson's statistic sum (O - E)^2 / E for observed ``counts`` against ``probs``."""
-    expected = counts.sum() * probs
-    return float(((counts - expected) ** 2 / expected).sum())
+    """Pearson's statistic sum (O - E)^2 / E for observed ``counts`` against ``probs`` (scipy's)."""
+    return float(chisquare(counts, counts.sum() * np.asarray(probs, np.float64)).statistic)
 
 
 def tag_counts(buf: PrioritizedReplayBuffer, n_rows: int, draws: int, batch: int, seed: int = 0) -> np.ndarray:

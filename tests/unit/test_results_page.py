@@ -140,13 +140,24 @@ def test_the_sb3_column_pairs_seeds_both_sides_ran_and_a_later_file_replaces_a_r
     page = _page(out, "--sb3-add", str(older), str(newer))
     # Each rqrl config that ran a counted seed is named; a row without one ran the env's preset.
     assert ("| CartPole-v1 | dqn | cartpole_dqn.py, cartpole_dqn_zoo.py | 50,000 | 0,1 | 450.0 [400.0, 500.0] "
-            "| 250.0 [200.0, 300.0] | yes | 0.33 | 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] |") in page
+            "| 250.0 [200.0, 300.0] | yes | 0.333 | 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] |") in page
     assert "| Acrobot-v1 | dqn | acrobot_dqn.py | 50,000 | 0 | -90.0 | -80.0 | no | - |" in page
     assert "rqrl's median last eval is at least SB3's on 1 of 2 envs." in page
     assert ("- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here.") in page
     assert "9999" not in page and "-500" not in page and "-600" not in page
     links = re.findall(r"\]\(([^)#]+)\)", page)
     assert "results/sb3/a.json" in links and all((out / link).is_file() for link in links), links
+
+
+def test_a_lower_row_gives_its_rank_test_p_beside_its_reason(tmp_path, monkeypatch):
+    runs = _bench_sb3(tmp_path / "a.json", [
+        ("Acrobot-v1", 0, "rqrl", -90.0, 2), ("Acrobot-v1", 0, "sb3", -80.0, 0),
+        ("Acrobot-v1", 1, "rqrl", -95.0, 2), ("Acrobot-v1", 1, "sb3", -70.0, 0)])
+    monkeypatch.setitem(results.SB3_WHY, "Acrobot-v1", "measured cause here.")
+    page = _page(tmp_path / "docs", "--sb3-add", str(runs))
+    # rqrl's two below SB3's two: U = 0, in 2 of the C(4, 2) = 6 splits with |U - 2| >= 2.
+    assert "| Acrobot-v1 | dqn | acrobot_dqn.py | 50,000 | 0,1 | -92.5 [-95.0, -90.0] | -75.0 [-80.0, -70.0] | no | 0.333 |" in page
+    assert "rqrl is lower (rank test p 0.333): measured cause here." in page
 
 
 def test_a_file_that_is_not_a_bench_sb3_output_is_refused_by_name(tmp_path):
