@@ -71,7 +71,7 @@ def compare(env_id: str, updates: int, seed: int = 0, reward_scale: float = 1.0)
     """
     import gymnasium as gym
     import stable_baselines3
-    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
     from stable_baselines3.common.utils import polyak_update
 
@@ -82,7 +82,8 @@ def compare(env_id: str, updates: int, seed: int = 0, reward_scale: float = 1.0)
     torch.manual_seed(seed)
     kwargs, _ = zoo_kwargs(zoo_table("dqn")[env_id])
     sb3 = stable_baselines3.DQN(kwargs.pop("policy"), gym.make(env_id), seed=seed, device="cpu", **kwargs)
-    sb3.set_logger(configure(None, []))  # train() records its loss there (read below), as learn() would set it
+    # train() records its loss there (read below); no output formats, so no log folder.
+    sb3.set_logger(Logger(folder=None, output_formats=[]))
     # Target copies every updates // 2 (halfway and at the end), on either side's own path: rqrl's
     # by its train-iteration counter, SB3's as its _on_step does it (a polyak update with tau 1).
     copy_at = max(updates // 2, 1)

@@ -249,7 +249,8 @@ def sb3_side(env_id: str, seed: int, budget: int, eval_every: int, threads: int,
     cmd = [sys.executable, "-m", "tests.bench.bench_sb3", "--sb3-child", env_id, "--seeds", str(seed),
            "--eval-every", str(eval_every), "--budget", str(budget), "--sb3-threads", str(threads),
            "--json", str(result), *(["--keep", str(keep)] if keep is not None else [])]
-    out = run_measured(cmd, REPO, timeout_s=3600)
+    # SB3's learn() makes its log folder under SB3_LOGDIR, else a new /tmp/SB3-<time> left behind.
+    out = run_measured(cmd, REPO, timeout_s=3600, env=dict(os.environ, SB3_LOGDIR=str(work)))
     if out["rc"] == 0:
         out.update(json.loads(result.read_text()))
     return out
