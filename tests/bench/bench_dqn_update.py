@@ -15,9 +15,9 @@ does). Printed per env: the largest |difference| of any online or target weight 
 (float32: a few 1e-8 is rounding; a wrong loss, learning rate or optimizer shows from the first
 update on, a wrong target once the networks have moved apart), of the losses, and the gradient
 norms before clipping (clipping is compared only on updates whose norm is above SB3's 10:
-``--reward-scale 100`` gets there). When
-SB3 copies its target (every ``target_update_interval`` env steps) is not compared: the configs'
-docstrings convert it into rqrl's train iterations. ``--check TOL`` exits 1 past TOL.
+``--reward-scale 100`` gets there). When SB3 copies its target (every ``target_update_interval``
+env steps) is not compared: the configs' docstrings convert it into rqrl's train iterations.
+``--check TOL`` exits 1 past TOL.
 
 Then the rows the update learns from (:func:`compare_rows`): one random action sequence of
 ``--rows`` env steps through rqrl's collector path and through SB3's ``DummyVecEnv`` and
@@ -33,17 +33,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
+import stable_baselines3
 import torch
+from stable_baselines3.common.buffers import ReplayBuffer as SB3Buffer
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.type_aliases import ReplayBufferSamples
+from stable_baselines3.common.utils import polyak_update
+from stable_baselines3.common.vec_env import DummyVecEnv
 
+from common import spaces
+from common.config import apply_overrides, load_config
+from common.policy import create_policy
 from tests.bench.bench_sb3 import CONFIGS, REPO, algo_of, zoo_kwargs, zoo_table
+from workers.envs import make_vector_env, true_next_obs
 
 
 def transitions(env_id: str, n: int, seed: int) -> dict[str, np.ndarray]:
     """``n`` transitions of a uniformly random policy on ``env_id``: obs float32 (n, *O), action
     int64 (n,), reward float32 (n,), next_obs, done bool (n,) (terminated; a truncation is not)."""
-    import gymnasium as gym
-
     env = gym.make(env_id)
     env.action_space.seed(seed)
     obs, _ = env.reset(seed=seed)
@@ -69,16 +78,6 @@ def compare(env_id: str, updates: int, seed: int = 0, reward_scale: float = 1.0)
     Raises:
         ValueError: the config's batch size or discount is not rl-zoo's for the env.
     """
-    import gymnasium as gym
-    import stable_baselines3
-    from stable_baselines3.common.logger import Logger
-    from stable_baselines3.common.type_aliases import ReplayBufferSamples
-    from stable_baselines3.common.utils import polyak_update
-
-    from common import spaces
-    from common.config import apply_overrides, load_config
-    from common.policy import create_policy
-
     torch.manual_seed(seed)
     kwargs, _ = zoo_kwargs(zoo_table("dqn")[env_id])
     sb3 = stable_baselines3.DQN(kwargs.pop("policy"), gym.make(env_id), seed=seed, device="cpu", **kwargs)
@@ -103,7 +102,7 @@ def compare(env_id: str, updates: int, seed: int = 0, reward_scale: float = 1.0)
     batch_size, gamma = int(sb3.batch_size), float(sb3.gamma)
     if batch_size != int(cfg.policy.learn.batch_size) or gamma != float(cfg.policy.discount_factor):
         raise ValueError(f"{CONFIGS[env_id]}: batch size / discount differ from rl-zoo's {batch_size} / {gamma}")
-    weight_diffs, loss_diffs, norms = [], [], []
+    diffs, norms = [], []
     clip = torch.nn.utils.clip_grad_norm_
 
     def recorded_clip(*a: Any, **k: Any) -> torch.Tensor:
@@ -114,55 +113,46 @@ def compare(env_id: str, updates: int, seed: int = 0, reward_scale: float = 1.0)
     torch.nn.utils.clip_grad_norm_ = recorded_clip  # both sides call it through the module
     try:
         for i in range(1, updates + 1):
-            weight_diffs.append(_one_update(sb3, ours, data, rng, batch_size, gamma, loss_diffs, ReplayBufferSamples,
-                                            copy_target=i % copy_at == 0, polyak_update=polyak_update))
+            diffs.append(_one_update(sb3, ours, data, rng, batch_size, gamma, copy_target=i % copy_at == 0))
     finally:
         torch.nn.utils.clip_grad_norm_ = clip
     return {"env": env_id, "config": CONFIGS[env_id], "batch_size": batch_size, "updates": updates,
-            "target_copy_at": copy_at, "max_weight_diff": weight_diffs, "max_loss_diff": max(loss_diffs),
+            "target_copy_at": copy_at, "max_weight_diff": [w for w, _ in diffs],
+            "max_loss_diff": max(loss for _, loss in diffs),
             "grad_norms": [round(n, 4) for n in norms]}
 
 
 def _one_update(sb3: Any, ours: Any, data: dict[str, np.ndarray], rng: np.random.Generator, batch_size: int,
-                gamma: float, loss_diffs: list[float], samples: Any, copy_target: bool, polyak_update: Any) -> float:
+                gamma: float, copy_target: bool) -> tuple[float, float]:
     """One batch through SB3's ``DQN.train`` and rqrl's ``learn`` (whose counter copies rqrl's
-    target network; ``copy_target``: SB3's is copied too); the largest |difference| of any weight of
-    the online and target networks after it."""
+    target network; ``copy_target``: SB3's is copied too). Returns the largest |difference| of any
+    weight of the online and target networks after it, and the |difference| of the two losses."""
     idx = rng.integers(0, len(data["action"]), batch_size)
     batch = {k: v[idx] for k, v in data.items()}
     batch["discount"] = np.full(batch_size, gamma, np.float32)
     t = {k: torch.as_tensor(v) for k, v in batch.items()}
-    sb3.replay_buffer.sample = lambda *_a, t=t, **_k: samples(
+    sb3.replay_buffer.sample = lambda *_a, t=t, **_k: ReplayBufferSamples(
         t["obs"], t["action"].reshape(-1, 1), t["next_obs"], t["done"].float().reshape(-1, 1),
         t["reward"].reshape(-1, 1), None)
     sb3.train(gradient_steps=1, batch_size=batch_size)
     if copy_target:
         polyak_update(sb3.q_net.parameters(), sb3.q_net_target.parameters(), 1.0)
     out = ours.learn(batch)
-    loss_diffs.append(abs(out["total_loss"] - float(sb3.logger.name_to_value["train/loss"])))
     pairs = [*zip(sb3.q_net.state_dict().values(), ours.model.state_dict().values()),
              *zip(sb3.q_net_target.state_dict().values(), ours.target_model.state_dict().values())]
-    return max(float((a - b).abs().max()) for a, b in pairs)
+    return (max(float((a - b).abs().max()) for a, b in pairs),
+            abs(out["total_loss"] - float(sb3.logger.name_to_value["train/loss"])))
 
 
 def compare_rows(env_id: str, n: int, seed: int = 0) -> dict[str, Any]:
     """The replay rows of ``n`` env steps of one random action sequence: rqrl's (its vector env,
-    ``true_next_obs`` and the config's n-step adder, as a collector makes them) against SB3's (``DummyVecEnv``
-    and its ``ReplayBuffer`` with timeouts kept apart, as its DQN stores them). Returns ``{"env",
-    "rows", "episode_ends", "truncations", "equal": {field: bool}}`` over the fields of both sides
+    ``true_next_obs`` and the config's n-step adder, as a collector makes them) against SB3's
+    (``DummyVecEnv`` and its ``ReplayBuffer`` with timeouts kept apart, as its DQN stores them).
+    Returns ``{"env", "rows", "episode_ends", "truncations", "equal": {field: bool}}`` over the fields of both sides
     (a field on one side only is unequal); ``done`` is compared with SB3's ``dones * (1 -
     timeouts)`` and ``discount`` with its ``gamma``, what its target uses. SB3's side calls its
     ``ReplayBuffer.add`` as its DQN's ``_store_transition`` does (the final observation of an
     ended episode as ``next_obs``), a copy of those lines, not its code."""
-    import gymnasium as gym
-    from stable_baselines3.common.buffers import ReplayBuffer as SB3Buffer
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    from common import spaces
-    from common.config import apply_overrides, load_config
-    from common.policy import create_policy
-    from workers.envs import make_vector_env, true_next_obs
-
     cfg = apply_overrides(load_config(str(REPO / "deploy" / "configs" / CONFIGS[env_id])), [f"env.env_id={env_id}"])
     spec = spaces.probe(cfg)
     policy = create_policy(cfg, spec, device="cpu")
@@ -220,7 +210,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in rows:
         print(f"{r['env']:<15} {r['config']:<22} batch {r['batch_size']:>3}, {r['updates']} updates: largest weight "
               f"difference after the first {r['max_weight_diff'][0]:.1e}, after any {max(r['max_weight_diff']):.1e} "
-              f"(targets copied every {r['target_copy_at']} updates); largest loss difference {r['max_loss_diff']:.1e}; "
+              f"(targets copied every {r['target_copy_at']} updates); "
+              f"largest loss difference {r['max_loss_diff']:.1e}; "
               f"gradient norms {min(r['grad_norms']):.2f}-{max(r['grad_norms']):.2f}, "
               f"{sum(n > 10 for n in r['grad_norms'])} of {len(r['grad_norms'])} clipped")
     out: dict[str, Any] = {"updates": rows, "rows": []}

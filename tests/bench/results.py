@@ -360,20 +360,21 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
         ok = med["rqrl"] >= med["sb3"]
         at_least += ok
         p = rank_test_p([r["last_eval"] for r in side["rqrl"]], [r["last_eval"] for r in side["sb3"]])
+        p_text = "-" if p is None else f"{p:.3f}"
         files = sorted({r["file"] for k in side for r in side[k]})
         # Rows from before bench_sb3 recorded its config ran the env's preset.
         configs = sorted({Path(r.get("config") or _preset(env, algo_of(env)).path).name for r in side["rqrl"]})
         lines.append(
             f"| {env} | {algo_of(env)} | {', '.join(configs)} | {side['rqrl'][0]['budget']:,} "
             f"| {','.join(map(str, seeds))} | {_spread([r['last_eval'] for r in side['rqrl']], '.1f')} "
-            f"| {_spread([r['last_eval'] for r in side['sb3']], '.1f')} | {'yes' if ok else 'no'} | {'-' if p is None else f'{p:.3f}'} "
+            f"| {_spread([r['last_eval'] for r in side['sb3']], '.1f')} | {'yes' if ok else 'no'} | {p_text} "
             f"| {_spread([r['cpu_s_per_1k'] for r in side['rqrl']], '.2f')} "
             f"| {_spread([r['cpu_s_per_1k'] for r in side['sb3']], '.2f')} "
             f"| {', '.join(f'[{f}]({rel}/sb3/{f})' for f in files)} |")
         per_seed = "; ".join(f"seed {s}: {a['last_eval']:.1f} / {b['last_eval']:.1f}"
                              for s, a, b in zip(seeds, side["rqrl"], side["sb3"]))
         why.append(f"- {env} (rqrl / SB3 per seed): {per_seed}."
-                   + ("" if ok else f" rqrl is lower{'' if p is None else f' (rank test p {p:.3f})'}: "
+                   + ("" if ok else f" rqrl is lower{'' if p is None else f' (rank test p {p_text})'}: "
                                     f"{SB3_WHY.get(env, 'not measured yet.').format(bench=bench, rel=rel)}"))
     lines += ["", f"rqrl's median last eval is at least SB3's on {at_least} of {len(why)} envs.", "",
               "The rank test's p (tests/bench/stats.py): how often the last evals of the two sides would lie "

@@ -60,11 +60,10 @@ def rank_test_p(a: list[float], b: list[float]) -> Optional[float]:
     """
     if min(len(a), len(b)) < 2:
         return None
-    import numpy as np
     from scipy import stats  # here: the benchmarks that only time things need no scipy
 
     def u(x: Any, y: Any, axis: int = -1) -> Any:
         return stats.mannwhitneyu(x, y, axis=axis, method="asymptotic").statistic
 
     return float(stats.permutation_test((list(a), list(b)), u, permutation_type="independent", vectorized=True,
-                                        alternative="two-sided", n_resamples=np.inf).pvalue)
+                                        alternative="two-sided", n_resamples=float("inf")).pvalue)

@@ -143,7 +143,7 @@ def test_the_sb3_column_pairs_seeds_both_sides_ran_and_a_later_file_replaces_a_r
             "| 250.0 [200.0, 300.0] | yes | 0.333 | 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] |") in page
     assert "| Acrobot-v1 | dqn | acrobot_dqn.py | 50,000 | 0 | -90.0 | -80.0 | no | - |" in page
     assert "rqrl's median last eval is at least SB3's on 1 of 2 envs." in page
-    assert ("- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here.") in page
+    assert "- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here." in page
     assert "9999" not in page and "-500" not in page and "-600" not in page
     links = re.findall(r"\]\(([^)#]+)\)", page)
     assert "results/sb3/a.json" in links and all((out / link).is_file() for link in links), links
