@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import statistics
 from typing import Any, Callable, Optional
@@ -50,17 +51,26 @@ def fmt(fig: Optional[dict[str, Any]], unit: str = "") -> str:
     return f"{fig['median']:g}{u} ({fig['min']:g}–{fig['max']:g}, n={fig['n']})"
 
 
+EXACT_SPLITS = 1_000_000  # beyond this many splits the rank test takes the normal approximation
+
+
 def rank_test_p(a: list[float], b: list[float]) -> Optional[float]:
     """Two-sided p-value of the Mann-Whitney U test of ``a`` against ``b`` (U counts a tie as half):
     twice the smaller one-sided p, each the share of all ways to split the pooled values into
     groups of ``len(a)`` and ``len(b)`` whose U is at least / at most the observed one (exact:
     scipy's ``permutation_test`` enumerates the splits; capped at 1). With equal group sizes U's
     distribution is symmetric and this is the share of splits at least as far from its mean. With
-    5 values a side the smallest p is 2/252 = 0.0079. None when a side has fewer than 2 values.
+    5 values a side the smallest p is 2/252 = 0.0079. Past :data:`EXACT_SPLITS` splits (20 values
+    a side: 1.4e11) enumerating is out of reach, and scipy's ``mannwhitneyu`` gives the normal
+    approximation instead, with its tie and continuity corrections. None when a side has fewer
+    than 2 values.
     """
     if min(len(a), len(b)) < 2:
         return None
     from scipy import stats  # here: the benchmarks that only time things need no scipy
+
+    if math.comb(len(a) + len(b), len(a)) > EXACT_SPLITS:
+        return float(stats.mannwhitneyu(list(a), list(b), alternative="two-sided", method="asymptotic").pvalue)
 
     def u(x: Any, y: Any, axis: int = -1) -> Any:
         return stats.mannwhitneyu(x, y, axis=axis, method="asymptotic").statistic

@@ -47,6 +47,19 @@ def test_the_rank_test_counts_every_split_of_the_runs_and_ties_as_half():
     assert rank_test_p([300, 500], [200, 300]) == pytest.approx(4 / 6)
 
 
+def test_the_rank_test_of_twenty_runs_a_side_takes_the_normal_approximation_near_the_permutations():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    a, b = list(rng.normal(0.0, 1.0, 20)), list(rng.normal(0.8, 1.0, 20))
+    a[:3] = b[:3] = [0.5, 0.5, 0.5]  # ties across the sides, as capped returns give
+    # C(40, 20) = 1.4e11 splits: not enumerated (that would not end); 20,000 random splits instead.
+    sampled = stats.permutation_test(
+        (a, b), lambda x, y, axis=-1: stats.mannwhitneyu(x, y, axis=axis).statistic, vectorized=True,
+        permutation_type="independent", n_resamples=20_000, random_state=1).pvalue
+    assert rank_test_p(a, b) == pytest.approx(sampled, abs=0.01) and rank_test_p(a, b) < 0.05
+
+
 def test_stream_ids_compare_as_integers():
     assert stream_id(b"1700-13") < stream_id(b"1700-120")
     assert b"1700-13" > b"1700-120"  # what comparing the bytes would conclude
