@@ -83,23 +83,36 @@ def _connect_four_line(board: np.ndarray, row: int, col: int) -> bool:
     return False
 
 
+def winning_moves(obs: np.ndarray, plane: int) -> list[int]:
+    """The legal Connect Four columns where a piece of ``plane`` (0: the mover's, 1: the other's)
+    completes four in a row, ascending.
+
+    Args:
+        obs: float32 (84 + 7,) as :class:`TwoPlayerEnv` gives it (the mover's planes first).
+    """
+    planes = obs[:84].reshape(6, 7, 2) > 0.5
+    filled = planes[..., 0] | planes[..., 1]
+    wins = []
+    for col in np.flatnonzero(obs[84:] > 0.5):
+        row = int(np.flatnonzero(~filled[:, col])[-1])  # pieces fall to the lowest free row
+        board = planes[..., plane].copy()
+        board[row, col] = True
+        if _connect_four_line(board, row, col):
+            wins.append(int(col))
+    return wins
+
+
 def connect_four_heuristic(obs: np.ndarray, rng: np.random.Generator) -> int:
     """Win if a move wins, else block the opponent's winning move, else a random legal move.
 
     Args:
         obs: float32 (84 + 7,) as :class:`TwoPlayerEnv` gives it (the mover's planes first).
     """
-    planes = obs[:84].reshape(6, 7, 2) > 0.5
-    legal = np.flatnonzero(obs[84:] > 0.5)
-    filled = planes[..., 0] | planes[..., 1]
     for plane in (0, 1):  # own winning move first, then the opponent's to block
-        for col in legal:
-            row = int(np.flatnonzero(~filled[:, col])[-1])  # pieces fall to the lowest free row
-            board = planes[..., plane].copy()
-            board[row, col] = True
-            if _connect_four_line(board, row, col):
-                return int(col)
-    return int(rng.choice(legal))
+        wins = winning_moves(obs, plane)
+        if wins:
+            return wins[0]
+    return int(rng.choice(np.flatnonzero(obs[84:] > 0.5)))
 
 
 def random_move(obs: np.ndarray, n_actions: int, rng: np.random.Generator) -> int:

@@ -10,6 +10,15 @@ Elo of the league's first and last snapshots (issue 33 asks the last above the f
 seed), then the same as JSON. Runs nothing itself: the runs come from ``rqrl train
 deploy/configs/connect_four_ppo.py --seed N`` or ``python -m tests.bench.results --run
 connect_four_ppo``.
+
+``--games N`` also plays each folder's final.pt (greedy, as evals act) N games against the
+heuristic and says where its games are lost (:func:`tactics`): of main's moves, how often it had
+a winning move and took one, how often the heuristic threatened a win and main blocked it; of
+its lost games, the last move main made before the loss: a win of its own left (``missed win``),
+one threat not blocked (``missed block``), two or more threats (``two threats``: none can block
+them all), or a move right under the square the heuristic then won on (``opened``: a block that
+lifts the column to a second threat of the heuristic's above it counts here). Works on any
+Connect Four final.pt, solo runs against the heuristic included.
 """
 
 from __future__ import annotations
@@ -41,13 +50,71 @@ def league_figures(folder: Path) -> dict[str, Any]:
             "last_snapshot_elo": players[snaps[-1]]["elo"] if snaps else None}
 
 
+def tactics(final_pt: Path, games: int, seed: int = 0) -> dict[str, Any]:
+    """``final_pt`` (a Connect Four run's) against the heuristic over ``games`` games, seeded
+    ``seed``, ``seed + 1``, ...: outcomes, main's tactical moves and its losses by kind (module
+    docstring). Every lost game has exactly one kind.
+
+    Raises:
+        ValueError: final.pt was not trained on rqrl/ConnectFour-v0.
+    """
+    import gymnasium as gym
+
+    import rqrl
+    from common import games as cf
+
+    agent = rqrl.load(final_pt)
+    if agent.env_id != "rqrl/ConnectFour-v0":
+        raise ValueError(f"{final_pt}: trained on {agent.env_id!r}, not rqrl/ConnectFour-v0")
+    cf.register()
+    env = gym.make("rqrl/ConnectFour-v0", opponent="heuristic")
+    n = dict(win=0, draw=0, loss=0, wins_open=0, wins_taken=0, threats=0, blocked=0)
+    lost = {"missed win": 0, "missed block": 0, "two threats": 0, "opened": 0}
+    for g in range(games):
+        obs, _ = env.reset(seed=seed + g)
+        while True:
+            mine, theirs = cf.winning_moves(obs, 0), cf.winning_moves(obs, 1)
+            action = int(agent.act(obs))
+            n["wins_open"] += bool(mine)
+            n["wins_taken"] += action in mine
+            threatened = bool(theirs) and not mine
+            n["threats"] += threatened
+            n["blocked"] += threatened and action in theirs
+            obs, _, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                break
+        outcome = {1: "win", 0: "draw", -1: "loss"}[int(info.get("outcome", 0))]
+        n[outcome] += 1
+        if outcome == "loss":  # the heuristic's win came right after ``action``
+            kind = ("missed win" if mine else "two threats" if len(theirs) > 1
+                    else "missed block" if theirs and action not in theirs else "opened")
+            lost[kind] += 1
+    env.close()
+    return {"games": games, **n, "lost_by": lost, "win_rate": n["win"] / games,
+            "wins_taken_share": n["wins_taken"] / n["wins_open"] if n["wins_open"] else None,
+            "blocked_share": n["blocked"] / n["threats"] if n["threats"] else None}
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
-    rows = [league_figures(p) for p in ap.parse_args(argv).runs]
+    ap.add_argument("--games", type=int, default=0, help="also play each final.pt this many games (tactics)")
+    args = ap.parse_args(argv)
+    rows = []
+    for folder in args.runs:
+        solo = "league" not in json.loads((folder / "summary.json").read_text())
+        row = {"run": str(folder)} if solo else league_figures(folder)
+        if args.games:
+            t = row["tactics"] = tactics(folder / "final.pt", args.games)
+            share = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+            print(f"{str(folder)[-40:]:<40} {args.games} games: won {t['win']}, drew {t['draw']}, lost {t['loss']} "
+                  f"({', '.join(f'{k} {v}' for k, v in t['lost_by'].items())}); wins taken "
+                  f"{share(t['wins_taken_share'])} of {t['wins_open']}, threats blocked "
+                  f"{share(t['blocked_share'])} of {t['threats']}")
+        rows.append(row)
     print(f"{'run':<40} {'env steps':>10} {'last':>5} {'best':>5} {'at':>10} {'main Elo':>8} "
           f"{'snaps':>5} {'first':>6} {'last':>6}")
-    for r in rows:
+    for r in (r for r in rows if "main_elo" in r):
         fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
         print(f"{r['run'][-40:]:<40} {r['envstep'] or 0:>10,} {fmt(r['last_win_rate'], '.2f'):>5} "
               f"{fmt(r['best_win_rate'], '.2f'):>5} {fmt(r['best_at_envstep'], ','):>10} {r['main_elo']:>8.0f} "

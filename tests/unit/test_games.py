@@ -298,3 +298,42 @@ def test_a_policy_blob_that_is_not_a_dict_of_weights_is_skipped_as_unreadable(fa
     blobstore.put_versioned(fake_redis, keys.policy(ns, "p1"), serialization.dumps([1, 2, 3]), 4)
     comm = RedisCommCollector(fake_redis, task, data_ttl_s=60)
     assert comm.get_policy_update_info() is None and comm.policy_errors == 1
+
+
+def test_winning_moves_are_the_playable_squares_that_complete_four():
+    # Theirs: three in row 4 over cols 0-2 with col 3's bottom square empty: (4, 3) is not playable yet.
+    obs = board(mine=[(5, 0), (5, 1), (5, 2)], theirs=[(4, 0), (4, 1), (4, 2), (5, 6)])
+    assert games.winning_moves(obs, 0) == [3]
+    assert games.winning_moves(obs, 1) == []
+    # Once (5, 3) is filled, (4, 3) is the lowest free square of col 3 and wins for them.
+    obs = board(mine=[(5, 0), (5, 1), (5, 2)], theirs=[(4, 0), (4, 1), (4, 2), (5, 3)])
+    assert games.winning_moves(obs, 1) == [3] and games.winning_moves(obs, 0) == []
+
+
+class _Heuristic:
+    """An agent that plays the heuristic itself: it never misses a win or a block."""
+
+    env_id = "rqrl/ConnectFour-v0"
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(1)
+
+    def act(self, obs):
+        return games.connect_four_heuristic(obs, self.rng)
+
+
+def test_tactics_put_each_lost_game_under_one_kind(c4_final_pt, monkeypatch):
+    import rqrl
+    from tests.bench.bench_league import tactics
+
+    # The untrained policy misses wins and blocks; every loss gets exactly one kind.
+    t = tactics(c4_final_pt, games=40)
+    assert t["win"] + t["draw"] + t["loss"] == 40 and sum(t["lost_by"].values()) == t["loss"] > 0
+    assert 0 <= t["wins_taken"] <= t["wins_open"] and 0 <= t["blocked"] <= t["threats"]
+    assert t["lost_by"]["missed block"] > 0 and t["blocked_share"] < 1.0
+    # A player that always wins and blocks loses only to two threats or a square it opened.
+    monkeypatch.setattr(rqrl, "load", lambda path: _Heuristic())
+    t = tactics(c4_final_pt, games=40)
+    assert t["wins_taken_share"] == 1.0 and t["blocked_share"] == 1.0
+    assert t["lost_by"]["missed win"] == t["lost_by"]["missed block"] == 0
+    assert t["loss"] == t["lost_by"]["two threats"] + t["lost_by"]["opened"] > 0
