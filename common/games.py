@@ -112,7 +112,7 @@ def connect_four_heuristic(obs: np.ndarray, rng: np.random.Generator) -> int:
         wins = winning_moves(obs, plane)
         if wins:
             return wins[0]
-    return int(rng.choice(np.flatnonzero(obs[84:] > 0.5)))
+    return random_move(obs, 7, rng)
 
 
 def random_move(obs: np.ndarray, n_actions: int, rng: np.random.Generator) -> int:

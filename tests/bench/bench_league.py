@@ -14,7 +14,8 @@ connect_four_ppo``.
 ``--games N`` also plays each folder's final.pt (greedy, as evals act) N games against the
 heuristic and says where its games are lost (:func:`tactics`): of main's moves, how often it had
 a winning move and took one, how often the heuristic threatened a win and main blocked it; of
-its lost games, the last move main made before the loss: a win of its own left (``missed win``),
+its lost games, the last move main made before the loss: an illegal column (``illegal move``: a
+policy without the action mask), a win of its own left (``missed win``),
 one threat not blocked (``missed block``), two or more threats (``two threats``: none can block
 them all), or a move right under the square the heuristic then won on (``opened``: a block that
 lifts the column to a second threat of the heuristic's above it counts here). Works on any
@@ -50,10 +51,30 @@ def league_figures(folder: Path) -> dict[str, Any]:
             "last_snapshot_elo": players[snaps[-1]]["elo"] if snaps else None}
 
 
+LOSS_KINDS = ("illegal move", "missed win", "two threats", "missed block", "opened")
+
+
+def loss_kind(obs: Any, action: int) -> str:
+    """Why a game was lost, from main's last move: ``action`` (a column) played in ``obs`` (float32
+    (84 + 7,), main to move), after which the heuristic won or the move itself was illegal. One of
+    :data:`LOSS_KINDS` (module docstring): main's move makes only the square above it playable, so
+    a loss with no threat open before it, or after it blocked the only one, was ``opened``."""
+    from common import games as cf
+
+    if obs[84 + action] < 0.5:
+        return "illegal move"
+    mine, theirs = cf.winning_moves(obs, 0), cf.winning_moves(obs, 1)
+    if mine:
+        return "missed win"
+    if len(theirs) > 1:
+        return "two threats"
+    return "missed block" if theirs and action not in theirs else "opened"
+
+
 def tactics(final_pt: Path, games: int, seed: int = 0) -> dict[str, Any]:
     """``final_pt`` (a Connect Four run's) against the heuristic over ``games`` games, seeded
-    ``seed``, ``seed + 1``, ...: outcomes, main's tactical moves and its losses by kind (module
-    docstring). Every lost game has exactly one kind.
+    ``seed``, ``seed + 1``, ...: outcomes, main's tactical moves and its lost games by
+    :func:`loss_kind` (module docstring).
 
     Raises:
         ValueError: final.pt was not trained on rqrl/ConnectFour-v0.
@@ -69,7 +90,7 @@ def tactics(final_pt: Path, games: int, seed: int = 0) -> dict[str, Any]:
     cf.register()
     env = gym.make("rqrl/ConnectFour-v0", opponent="heuristic")
     n = dict(win=0, draw=0, loss=0, wins_open=0, wins_taken=0, threats=0, blocked=0)
-    lost = {"missed win": 0, "missed block": 0, "two threats": 0, "opened": 0}
+    lost = dict.fromkeys(LOSS_KINDS, 0)
     for g in range(games):
         obs, _ = env.reset(seed=seed + g)
         while True:
@@ -80,15 +101,14 @@ def tactics(final_pt: Path, games: int, seed: int = 0) -> dict[str, Any]:
             threatened = bool(theirs) and not mine
             n["threats"] += threatened
             n["blocked"] += threatened and action in theirs
+            before = obs
             obs, _, terminated, truncated, info = env.step(action)
             if terminated or truncated:
                 break
         outcome = {1: "win", 0: "draw", -1: "loss"}[int(info.get("outcome", 0))]
         n[outcome] += 1
-        if outcome == "loss":  # the heuristic's win came right after ``action``
-            kind = ("missed win" if mine else "two threats" if len(theirs) > 1
-                    else "missed block" if theirs and action not in theirs else "opened")
-            lost[kind] += 1
+        if outcome == "loss":
+            lost[loss_kind(before, action)] += 1
     env.close()
     return {"games": games, **n, "lost_by": lost, "win_rate": n["win"] / games,
             "wins_taken_share": n["wins_taken"] / n["wins_open"] if n["wins_open"] else None,
@@ -100,22 +120,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--games", type=int, default=0, help="also play each final.pt this many games (tactics)")
     args = ap.parse_args(argv)
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     rows = []
     for folder in args.runs:
-        solo = "league" not in json.loads((folder / "summary.json").read_text())
-        row = {"run": str(folder)} if solo else league_figures(folder)
+        summary = folder / "summary.json"
+        league = summary.is_file() and "league" in json.loads(summary.read_text())
+        row = league_figures(folder) if league or not args.games else {"run": str(folder)}
         if args.games:
             t = row["tactics"] = tactics(folder / "final.pt", args.games)
-            share = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
             print(f"{str(folder)[-40:]:<40} {args.games} games: won {t['win']}, drew {t['draw']}, lost {t['loss']} "
                   f"({', '.join(f'{k} {v}' for k, v in t['lost_by'].items())}); wins taken "
-                  f"{share(t['wins_taken_share'])} of {t['wins_open']}, threats blocked "
-                  f"{share(t['blocked_share'])} of {t['threats']}")
+                  f"{fmt(t['wins_taken_share'], '.2f')} of {t['wins_open']}, threats blocked "
+                  f"{fmt(t['blocked_share'], '.2f')} of {t['threats']}")
         rows.append(row)
     print(f"{'run':<40} {'env steps':>10} {'last':>5} {'best':>5} {'at':>10} {'main Elo':>8} "
           f"{'snaps':>5} {'first':>6} {'last':>6}")
     for r in (r for r in rows if "main_elo" in r):
-        fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
         print(f"{r['run'][-40:]:<40} {r['envstep'] or 0:>10,} {fmt(r['last_win_rate'], '.2f'):>5} "
               f"{fmt(r['best_win_rate'], '.2f'):>5} {fmt(r['best_at_envstep'], ','):>10} {r['main_elo']:>8.0f} "
               f"{r['snapshots']:>5} {fmt(r['first_snapshot_elo'], '.0f'):>6} {fmt(r['last_snapshot_elo'], '.0f'):>6}")

@@ -205,14 +205,14 @@ def run_plan(names: list[str], workdir: Path, results_dir: Path = RESULTS_DIR) -
 
 # rl-zoo's own trained agents for the page's envs, as its benchmark.md (DLR-RM/rl-baselines3-zoo)
 # publishes them: one training run per env at the same n_timesteps, then the mean and standard
-# deviation of its return over about 150,000 env steps of deterministic play (episodes in the last
-# field). LunarLander's and the classic-control ids are gymnasium's older versions (v2 / v1).
-ZOO_PUBLISHED: dict[str, tuple[str, float, float, int]] = {
-    "Acrobot-v1": ("dqn", -76.639, 11.752, 1932),
-    "CartPole-v1": ("dqn", 500.000, 0.000, 300),
-    "LunarLander-v3": ("dqn", 154.382, 79.241, 200),
-    "MountainCar-v0": ("dqn", -100.849, 9.925, 1487),
-    "Pendulum-v1": ("sac", -156.995, 88.714, 750),
+# deviation of its return over about 150,000 env steps of deterministic play. Per env: (rl-zoo's
+# env id: LunarLander's is the older v2, algo, mean, std, episodes).
+ZOO_PUBLISHED: dict[str, tuple[str, str, float, float, int]] = {
+    "Acrobot-v1": ("Acrobot-v1", "dqn", -76.639, 11.752, 1932),
+    "CartPole-v1": ("CartPole-v1", "dqn", 500.000, 0.000, 300),
+    "LunarLander-v3": ("LunarLander-v2", "dqn", 154.382, 79.241, 200),
+    "MountainCar-v0": ("MountainCar-v0", "dqn", -100.849, 9.925, 1487),
+    "Pendulum-v1": ("Pendulum-v1", "sac", -156.995, 88.714, 750),
 }
 
 # Why rqrl's median last eval is below SB3's, per env, shown only where it is (measured; the page
@@ -369,11 +369,12 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
              "| env | algo | rqrl config | budget (env steps) | seeds | rqrl last eval | SB3 last eval | rqrl >= SB3 "
              "| rank test p | rqrl CPU s / 1k env steps | SB3 CPU s / 1k env steps | raw |",
              "| --- | --- | --- | ---: | --- | ---: | ---: | :---: | ---: | ---: | ---: | --- |"]
-    at_least, why = 0, []
+    at_least, why, shown = 0, [], []
     for env in envs:
         seeds = sorted(s for e, s, side in rows if e == env and side == "rqrl" and (e, s, "sb3") in rows)
         if not seeds:
             continue
+        shown.append(env)
         side = {k: [rows[(env, s, k)] for s in seeds] for k in ("rqrl", "sb3")}
         med = {k: statistics.median(r["last_eval"] for r in side[k]) for k in side}
         ok = med["rqrl"] >= med["sb3"]
@@ -398,21 +399,26 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
     lines += ["", f"rqrl's median last eval is at least SB3's on {at_least} of {len(why)} envs.", "",
               "The rank test's p (tests/bench/stats.py): how often the last evals of the two sides would lie "
               "at least this far apart in rank were both drawn from one distribution (Mann-Whitney U, two-sided, "
-              "exact over every split of the runs into the two sides' sizes). With 5 seeds a side it cannot go "
+              "exact over every split of the runs into the two sides' sizes up to a million splits, 11 runs a side; "
+              "past that scipy's normal approximation, with its tie and continuity corrections). With 5 seeds a "
+              "side it cannot go "
               "below 0.008; a lower median with p above 0.05 is a gap these seeds cannot tell from seed-to-seed "
               "noise, not a measured difference either way. Seeds added to a row after its first five are "
-              "said so in its reason: its p is then nominal.", "", _zoo_line(envs), "", *why]
+              "said so in its reason: its p is then nominal.", "", *_zoo_line(shown), *why]
     return lines
 
 
-def _zoo_line(envs: list[str]) -> str:
-    """One line giving :data:`ZOO_PUBLISHED`'s figures for ``envs``: the scale a single run of
-    rl-zoo's own reaches, beside this page's per-seed spread."""
-    known = [f"{env} ({ZOO_PUBLISHED[env][0]}) {ZOO_PUBLISHED[env][1]:.1f} +- {ZOO_PUBLISHED[env][2]:.1f} "
-             f"over {ZOO_PUBLISHED[env][3]:,} episodes" for env in envs if env in ZOO_PUBLISHED]
-    return ("For scale, rl-zoo's own published agents (its benchmark.md: one training run per env at the same "
-            "budget, then the mean +- standard deviation of its deterministic return over about 150,000 env steps; "
-            "LunarLander there is v2): " + "; ".join(known) + ".")
+def _zoo_line(envs: list[str]) -> list[str]:
+    """The line (with its blank line after) giving :data:`ZOO_PUBLISHED`'s figures for ``envs``,
+    the envs with a row: the scale one run of rl-zoo's own reaches, beside the page's per-seed
+    spread; none when no env is known."""
+    known = [ZOO_PUBLISHED[env] for env in envs if env in ZOO_PUBLISHED]
+    if not known:
+        return []
+    return ["For scale, rl-zoo's own published agents (its benchmark.md: one training run per env at the same "
+            "budget, then the mean +- standard deviation of its deterministic return over about 150,000 env steps): "
+            + "; ".join(f"{zoo_id} ({algo}) {mean:.1f} +- {std:.1f} over {episodes:,} episodes"
+                        for zoo_id, algo, mean, std, episodes in known) + ".", ""]
 
 
 # ---------------------------------------------------------------- the page

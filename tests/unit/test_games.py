@@ -322,15 +322,41 @@ class _Heuristic:
         return games.connect_four_heuristic(obs, self.rng)
 
 
-def test_tactics_put_each_lost_game_under_one_kind(c4_final_pt, monkeypatch):
+@pytest.mark.parametrize("mine, theirs, action, kind", [
+    ([(r, 0) for r in range(0, 6, 2)] + [(5, 4)], [(r, 0) for r in range(1, 6, 2)], 0, "illegal move"),  # col 0 full
+    ([(5, 0), (5, 1), (5, 2)], [(4, 0), (4, 1)], 6, "missed win"),
+    ([(4, 1)], [(5, 1), (5, 2), (5, 3)], 0, "two threats"),  # (5, 0) and (5, 4) both win for them
+    ([(5, 6)], [(5, 0), (5, 1), (5, 2)], 6, "missed block"),
+    ([(5, 0), (5, 2)], [(5, 1), (4, 0), (4, 1), (4, 2)], 3, "opened"),  # (5, 3) lifts col 3 to their (4, 3)
+    ([(5, 0), (5, 2)], [(5, 1), (5, 3), (4, 3), (3, 3), (4, 0), (4, 1), (4, 2)], 3, "opened"),  # the block
+])
+def test_a_lost_game_is_put_under_the_kind_of_mains_last_move(mine, theirs, action, kind):
+    from tests.bench.bench_league import loss_kind
+
+    assert loss_kind(board(mine, theirs), action) == kind
+
+
+class _Heuristic:
+    """An agent that plays the heuristic itself: it never misses a win or a block."""
+
+    env_id = "rqrl/ConnectFour-v0"
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(1)
+
+    def act(self, obs):
+        return games.connect_four_heuristic(obs, self.rng)
+
+
+def test_tactics_count_the_wins_and_blocks_main_takes(c4_final_pt, monkeypatch):
     import rqrl
     from tests.bench.bench_league import tactics
 
-    # The untrained policy misses wins and blocks; every loss gets exactly one kind.
+    # The untrained (masked) policy misses blocks, and plays no illegal move.
     t = tactics(c4_final_pt, games=40)
-    assert t["win"] + t["draw"] + t["loss"] == 40 and sum(t["lost_by"].values()) == t["loss"] > 0
-    assert 0 <= t["wins_taken"] <= t["wins_open"] and 0 <= t["blocked"] <= t["threats"]
-    assert t["lost_by"]["missed block"] > 0 and t["blocked_share"] < 1.0
+    assert t["win"] + t["draw"] + t["loss"] == 40 and t["lost_by"]["illegal move"] == 0
+    assert 0 <= t["blocked"] < t["threats"] and t["wins_taken"] <= t["wins_open"]
+    assert t["lost_by"]["missed block"] > 0
     # A player that always wins and blocks loses only to two threats or a square it opened.
     monkeypatch.setattr(rqrl, "load", lambda path: _Heuristic())
     t = tactics(c4_final_pt, games=40)

@@ -146,7 +146,7 @@ def test_the_sb3_column_pairs_seeds_both_sides_ran_and_a_later_file_replaces_a_r
     assert "- Acrobot-v1 (rqrl / SB3 per seed): seed 0: -90.0 / -80.0. rqrl is lower: measured cause here." in page
     assert "9999" not in page and "-500" not in page and "-600" not in page
     # rl-zoo's published agents give the scale, for the page's envs only.
-    assert ("LunarLander there is v2): Acrobot-v1 (dqn) -76.6 +- 11.8 over 1,932 episodes; "
+    assert ("150,000 env steps): Acrobot-v1 (dqn) -76.6 +- 11.8 over 1,932 episodes; "
             "CartPole-v1 (dqn) 500.0 +- 0.0 over 300 episodes.") in page
     links = re.findall(r"\]\(([^)#]+)\)", page)
     assert "results/sb3/a.json" in links and all((out / link).is_file() for link in links), links
