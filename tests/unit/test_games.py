@@ -310,25 +310,14 @@ def test_winning_moves_are_the_playable_squares_that_complete_four():
     assert games.winning_moves(obs, 1) == [3] and games.winning_moves(obs, 0) == []
 
 
-class _Heuristic:
-    """An agent that plays the heuristic itself: it never misses a win or a block."""
-
-    env_id = "rqrl/ConnectFour-v0"
-
-    def __init__(self) -> None:
-        self.rng = np.random.default_rng(1)
-
-    def act(self, obs):
-        return games.connect_four_heuristic(obs, self.rng)
-
-
 @pytest.mark.parametrize("mine, theirs, action, kind", [
     ([(r, 0) for r in range(0, 6, 2)] + [(5, 4)], [(r, 0) for r in range(1, 6, 2)], 0, "illegal move"),  # col 0 full
     ([(5, 0), (5, 1), (5, 2)], [(4, 0), (4, 1)], 6, "missed win"),
     ([(4, 1)], [(5, 1), (5, 2), (5, 3)], 0, "two threats"),  # (5, 0) and (5, 4) both win for them
     ([(5, 6)], [(5, 0), (5, 1), (5, 2)], 6, "missed block"),
     ([(5, 0), (5, 2)], [(5, 1), (4, 0), (4, 1), (4, 2)], 3, "opened"),  # (5, 3) lifts col 3 to their (4, 3)
-    ([(5, 0), (5, 2)], [(5, 1), (5, 3), (4, 3), (3, 3), (4, 0), (4, 1), (4, 2)], 3, "opened"),  # the block
+    # Blocking their one threat at (5, 3) lifts col 3 to (4, 3), which completes their row 4.
+    ([(5, 0), (5, 1)], [(5, 2), (5, 4), (5, 5), (5, 6), (4, 0), (4, 1), (4, 2)], 3, "opened"),
 ])
 def test_a_lost_game_is_put_under_the_kind_of_mains_last_move(mine, theirs, action, kind):
     from tests.bench.bench_league import loss_kind
