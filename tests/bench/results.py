@@ -401,8 +401,7 @@ def sb3_lines(results_dir: Path, rel: Path, bench: Path) -> list[str]:
               "at least this far apart in rank were both drawn from one distribution (Mann-Whitney U, two-sided, "
               "exact over every split of the runs into the two sides' sizes up to a million splits, 11 runs a side; "
               "past that scipy's normal approximation, with its tie and continuity corrections). With 5 seeds a "
-              "side it cannot go "
-              "below 0.008; a lower median with p above 0.05 is a gap these seeds cannot tell from seed-to-seed "
+              "side it cannot go below 0.008; a lower median with p above 0.05 is a gap these seeds cannot tell from seed-to-seed "
               "noise, not a measured difference either way. Seeds added to a row after its first five are "
               "said so in its reason: its p is then nominal.", "", *_zoo_line(shown), *why]
     return lines

@@ -62,8 +62,8 @@ def rank_test_p(a: list[float], b: list[float]) -> Optional[float]:
     distribution is symmetric and this is the share of splits at least as far from its mean. With
     5 values a side the smallest p is 2/252 = 0.0079. Past :data:`EXACT_SPLITS` splits (from 12
     values a side: 2.7e6; 20 a side: 1.4e11) enumerating is out of reach, and scipy's
-    ``mannwhitneyu`` gives the normal approximation instead, with its tie and continuity corrections. None when a side has fewer
-    than 2 values.
+    ``mannwhitneyu`` gives the normal approximation instead, with its tie and continuity
+    corrections. None when a side has fewer than 2 values.
     """
     if min(len(a), len(b)) < 2:
         return None
