@@ -206,9 +206,11 @@ SYSTEM_DEFAULTS: dict[str, Any] = dict(
         # a snapshot of main every snapshot_every train iterations; each training task plays
         # main itself with probability self_play_share, else a snapshot chosen by PFSP with this
         # weighting ("hard", "variance", "uniform") among the newest max_snapshots (0 = all).
-        # opponent_acts: "sample" (as a collector of that version acts) or "eval" (its eval action).
+        # opponent_acts: "sample" (as a collector of that version acts) or "eval" (its eval action);
+        # opponent_lookahead: "none"; "win": the opponent seat plays a move that wins at once when it
+        # has one, else its policy; "win_or_block": that, else a move that blocks a win at once.
         league=dict(snapshot_every=20, self_play_share=0.2, weighting="hard", max_snapshots=0, elo_k=16.0,
-                    initial_elo=1000.0, opponent_acts="sample"),
+                    initial_elo=1000.0, opponent_acts="sample", opponent_lookahead="none"),
     ),
 )
 

@@ -47,6 +47,10 @@ GAMES: dict[str, tuple[str, str, dict[str, Any], int]] = {
     "rqrl/RockPaperScissors-v0": ("rps", "pettingzoo.classic.rps_v2", {"max_cycles": 1}, 1),
 }
 FIXED_OPPONENTS = ("random", "heuristic")
+# One-move lookaheads (:func:`lookahead_move`): "none", a move that wins at once, or that one
+# else a move that blocks the other side's win at once (the heuristic's two rules)
+LOOKAHEADS = ("none", "win", "win_or_block")
+LOOKAHEAD_GAMES = ("connect_four",)  # games with those lookaheads
 ENTRY_POINT = "common.games:TwoPlayerEnv"
 
 Opponent = Union[str, Callable[[np.ndarray], int]]
@@ -61,6 +65,17 @@ def register() -> None:
     for env_id, (game, _, kwargs, moves) in GAMES.items():
         if env_id not in gym.registry:
             gym.register(env_id, entry_point=ENTRY_POINT, kwargs={"game": game, **kwargs}, max_episode_steps=moves)
+
+
+def game_of(env_id: str) -> str:
+    """The game name of a two-player ``env_id`` of :data:`GAMES` (``connect_four``, ``rps``).
+
+    Raises:
+        GameError: ``env_id`` is not a game of this module.
+    """
+    if env_id not in GAMES:
+        raise GameError(f"env {env_id!r} is not a two-player game of rqrl ({', '.join(GAMES)})")
+    return GAMES[env_id][0]
 
 
 def is_two_player(env_id: str) -> bool:
@@ -100,6 +115,30 @@ def winning_moves(obs: np.ndarray, plane: int) -> list[int]:
         if _connect_four_line(board, row, col):
             wins.append(int(col))
     return wins
+
+
+def lookahead_move(game: str, obs: np.ndarray, lookahead: str) -> Optional[int]:
+    """The move a one-move ``lookahead`` (one of :data:`LOOKAHEADS`) finds for the mover of
+    ``obs`` in ``game``, or None: "win" a move that wins at once (the lowest such column),
+    "win_or_block" that, else one where the other side's piece would win at once; "none" never
+    one. The league's opponent seats run it before their policy acts (``commander.league.
+    opponent_lookahead``).
+
+    Raises:
+        GameError: a lookahead other than "none" for a game without one (only :data:`LOOKAHEAD_GAMES`
+            have them), or an unknown ``lookahead``.
+    """
+    if lookahead not in LOOKAHEADS:
+        raise GameError(f"unknown lookahead {lookahead!r}; known: {LOOKAHEADS}")
+    if lookahead == "none":
+        return None
+    if game not in LOOKAHEAD_GAMES:
+        raise GameError(f"game {game!r} has no one-move lookahead; games with one: {LOOKAHEAD_GAMES}")
+    for plane in (0, 1)[: 1 if lookahead == "win" else 2]:
+        moves = winning_moves(obs, plane)
+        if moves:
+            return moves[0]
+    return None
 
 
 def connect_four_heuristic(obs: np.ndarray, rng: np.random.Generator) -> int:

@@ -29,6 +29,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from common.games import LOOKAHEADS
+
 MAIN = "main"
 WEIGHTINGS = ("hard", "variance", "uniform")
 OPPONENT_ACTS = ("sample", "eval")  # an opponent's moves: as its collectors act, or as its evals
@@ -62,7 +64,9 @@ class LeagueSettings:
     """``commander.league``: ``snapshot_every`` (train iterations, > 0), ``self_play_share`` in
     [0, 1], ``weighting`` (one of :data:`WEIGHTINGS`), ``max_snapshots`` (the oldest beyond it
     leave the opponent pool; 0 = all stay), ``elo_k`` (> 0), ``initial_elo``, ``opponent_acts``
-    (one of :data:`OPPONENT_ACTS`: how the collector's opponent seat plays, workers/opponents.py)."""
+    (one of :data:`OPPONENT_ACTS`: how the collector's opponent seat plays, workers/opponents.py),
+    ``opponent_lookahead`` (one of ``common.games.LOOKAHEADS``: a move the opponent seat plays
+    before its policy acts, when a one-move lookahead finds one; workers/opponents.py)."""
 
     snapshot_every: int = 20
     self_play_share: float = 0.2
@@ -71,6 +75,7 @@ class LeagueSettings:
     elo_k: float = 16.0
     initial_elo: float = 1000.0
     opponent_acts: str = "sample"
+    opponent_lookahead: str = "none"
 
     @classmethod
     def of(cls, section: Any) -> "LeagueSettings":
@@ -91,7 +96,8 @@ class LeagueSettings:
                    "must be an int >= 0 (0 = keep all)"),
                   ("elo_k", number(s.elo_k, (int, float)) and s.elo_k > 0, "must be a number > 0"),
                   ("initial_elo", number(s.initial_elo, (int, float)), "must be a number"),
-                  ("opponent_acts", s.opponent_acts in OPPONENT_ACTS, f"must be one of {OPPONENT_ACTS}"))
+                  ("opponent_acts", s.opponent_acts in OPPONENT_ACTS, f"must be one of {OPPONENT_ACTS}"),
+                  ("opponent_lookahead", s.opponent_lookahead in LOOKAHEADS, f"must be one of {LOOKAHEADS}"))
         for key, ok, why in checks:
             if not ok:
                 raise LeagueError(f"config key 'commander.league.{key}' = {getattr(s, key)!r} {why}")

@@ -43,8 +43,9 @@ class LeagueCommander(SoloCommander):
 
     Raises:
         LeagueError: the env is not a two-player game of common/games.py, its envs are not
-            in-process (``env.manager.type`` must be "sync": the opponent acts inside the env), or
-            a bad ``commander.league`` key (each named).
+            in-process (``env.manager.type`` must be "sync": the opponent acts inside the env),
+            a bad ``commander.league`` key, or an ``opponent_lookahead`` the game lacks (each
+            named).
     """
 
     @classmethod
@@ -57,7 +58,11 @@ class LeagueCommander(SoloCommander):
         if cfg.env.manager.type != "sync":
             raise LeagueError("config key 'env.manager.type' must be 'sync' under the league commander: the opponent's "
                               f"policy acts inside the envs, which 'async' puts in subprocesses (got {cfg.env.manager.type!r})")
-        LeagueSettings.of(cfg.commander.get("league"))
+        settings = LeagueSettings.of(cfg.commander.get("league"))
+        game = games.game_of(env_id)
+        if settings.opponent_lookahead != "none" and game not in games.LOOKAHEAD_GAMES:
+            raise LeagueError(f"config key 'commander.league.opponent_lookahead' is {settings.opponent_lookahead!r}, but "
+                              f"game {game!r} has no one-move lookahead (games with one: {', '.join(games.LOOKAHEAD_GAMES)})")
 
     def __init__(self, cfg: EasyDict, **kwargs: Any) -> None:
         self.check_config(cfg)

@@ -12,18 +12,24 @@ through ``set_opponent`` (common/games.py), called on every env of the vector en
 
 The opponent acts as a collector of its version does (``Policy.act`` with the task's collect
 setting: sampled, so a snapshot is a mixed strategy, as in fictitious play), or with
-``commander.league.opponent_acts="eval"`` as an eval does (``Policy.act_eval``).
+``commander.league.opponent_acts="eval"`` as an eval does (``Policy.act_eval``). With
+``commander.league.opponent_lookahead`` it first looks one move ahead
+(``common.games.lookahead_move``) and plays what that finds: a move that wins at once ("win"), or
+else one that blocks main's win at once ("win_or_block"). Main then meets opponents that punish
+every threat it leaves open and block every one it makes, as the heuristic its evals play does,
+rather than only as often as its own past policy happens to (docs/performance.md, the Connect
+Four league).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import redis
 
-from common import blobstore, keys
+from common import blobstore, games, keys
 from common.policy import Policy, create_policy
 from workers.comm_collector import WEIGHT_ERRORS, decode_weights
 
@@ -62,13 +68,21 @@ class Seat:
         setting: the task's collect setting (the dict the task keeps current).
         rng: the task's generator (the policy's exploration draws from it).
         as_eval: act as an eval does (``Policy.act_eval``: PPO's most likely action) instead.
+        lookahead: ``(game, lookahead)``: play the move ``common.games.lookahead_move`` finds,
+            the policy's when it finds none; None: the policy always.
     """
 
     def __init__(self, policy: Policy, spec: Any, setting: dict[str, Any], rng: np.random.Generator,
-                 as_eval: bool = False) -> None:
+                 as_eval: bool = False, lookahead: Optional[tuple[str, str]] = None) -> None:
         self.policy, self._spec, self._setting, self._rng, self._as_eval = policy, spec, setting, rng, as_eval
+        self._lookahead = lookahead
 
     def __call__(self, obs: np.ndarray) -> int:
+        if self._lookahead is not None:
+            game, rule = self._lookahead
+            move = games.lookahead_move(game, np.asarray(obs), rule)
+            if move is not None:
+                return move
         batch = self._spec.obs_batch(np.asarray(obs)[None])
         if self._as_eval:
             action = self.policy.act_eval(batch, self._rng)
@@ -85,9 +99,12 @@ def seat_for(live: Any, player_id: str, own: Policy, cfg: Any, conn: redis.Redis
     Raises:
         OpponentError: see :func:`load_snapshot`; also weights that do not fit the model.
     """
-    as_eval = cfg.commander.league.opponent_acts == "eval"
+    league = cfg.commander.league
+    as_eval = league.opponent_acts == "eval"
+    rule = league.get("opponent_lookahead", "none")
+    lookahead = None if rule == "none" else (games.game_of(cfg.env.env_id), rule)
     if player_id == SELF:
-        return Seat(own, live.spec, setting, rng, as_eval)
+        return Seat(own, live.spec, setting, rng, as_eval, lookahead)
     kept: OrderedDict[str, Policy] = live.opponents
     policy = kept.get(player_id)
     if policy is None:
@@ -102,4 +119,4 @@ def seat_for(live: Any, player_id: str, own: Policy, cfg: Any, conn: redis.Redis
         while len(kept) > KEPT:
             kept.popitem(last=False)
     kept.move_to_end(player_id)
-    return Seat(policy, live.spec, setting, rng, as_eval)
+    return Seat(policy, live.spec, setting, rng, as_eval, lookahead)

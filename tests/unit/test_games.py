@@ -217,6 +217,34 @@ def test_a_snapshot_opponent_is_loaded_once_and_bad_ones_are_named(fake_redis):
         seat_for(live, "main@40", policy, cfg, fake_redis, ns, {}, np.random.default_rng(0))
 
 
+def test_an_opponent_with_a_lookahead_wins_then_blocks_and_plays_its_policy_otherwise(fake_redis):
+    cfg, spec = ppo_cfg(True)
+    policy = create_policy(cfg, spec, modes=("collect",), device="cpu")
+    ns = keys.namespace("c4", "r1")
+    blobstore.put_versioned(fake_redis, keys.league_snapshot(ns, "main@10"), serialization.dumps(policy.get_weights()), 10)
+    # The mover's three in the bottom row: column 3 wins at once, while the other side threatens column 6.
+    win = board(mine=[(5, 0), (5, 1), (5, 2)], theirs=[(4, 6), (3, 6), (2, 6)])
+    block = board(mine=[(5, 0)], theirs=[(5, 6), (4, 6), (3, 6)])  # column 6 stops their four
+    quiet = board(mine=[(5, 0)], theirs=[(5, 6)])
+
+    def moves(player, obs):
+        return {seat_for(Live(spec), player, policy, cfg, fake_redis, ns, {}, np.random.default_rng(s))(obs)
+                for s in range(30)}
+
+    assert moves("main", win) != {3} and moves("main", block) != {6}  # the untrained policy alone misses both
+    cfg.commander.league.opponent_lookahead = "win"
+    assert moves("main@10", win) == {3} and moves("main@10", block) != {6}
+    cfg.commander.league.opponent_lookahead = "win_or_block"
+    for player in ("main", "main@10"):
+        assert moves(player, win) == {3} and moves(player, block) == {6}
+        assert len(moves(player, quiet)) > 1  # nothing found: the policy's own sampled move
+    assert games.lookahead_move("connect_four", win, "none") is None
+    with pytest.raises(games.GameError, match="game 'rps' has no one-move lookahead"):
+        games.lookahead_move("rps", np.zeros(6, np.float32), "win")
+    with pytest.raises(games.GameError, match="unknown lookahead 'deep'"):
+        games.lookahead_move("connect_four", win, "deep")
+
+
 def test_a_collector_task_names_its_opponent_only_when_training():
     base = dict(task_type="collector", task_id="t1", exp_name="c4", run_id="r", buffer_id="b", policy_id="p",
                 collect_setting={}, config={})

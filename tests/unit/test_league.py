@@ -127,7 +127,8 @@ def test_state_round_trips_through_json():
                                           ({"weighting": "soft"}, "weighting"),
                                           ({"max_snapshot": 3}, "max_snapshot"),
                                           ({"initial_elo": "abc"}, "initial_elo"),
-                                          ({"snapshot_every": None}, "snapshot_every")])
+                                          ({"snapshot_every": None}, "snapshot_every"),
+                                          ({"opponent_lookahead": "deep"}, "opponent_lookahead")])
 def test_bad_settings_name_the_key(section, key):
     with pytest.raises(LeagueError, match=f"commander.league.{key}"):
         LeagueSettings.of(section)
@@ -191,7 +192,7 @@ def test_the_league_commander_hands_out_opponents_takes_snapshots_and_counts_res
     assert not any(c[0] == "copy" for c in pipe.calls)  # the snapshot was copied once
 
 
-def test_the_league_commander_refuses_a_single_player_env_and_async_envs():
+def test_the_league_commander_refuses_a_single_player_env_async_envs_and_a_lookahead_the_game_lacks():
     cfg = league_cfg()
     cfg.env.env_id = "CartPole-v1"
     with pytest.raises(LeagueError, match="'env.env_id' is 'CartPole-v1', a single-player env"):
@@ -200,6 +201,11 @@ def test_the_league_commander_refuses_a_single_player_env_and_async_envs():
     cfg.env.manager.type = "async"
     with pytest.raises(LeagueError, match="env.manager.type"):
         create_commander(cfg)
+    cfg = league_cfg(opponent_lookahead="win")
+    cfg.env.env_id = "rqrl/RockPaperScissors-v0"
+    with pytest.raises(LeagueError, match="'commander.league.opponent_lookahead' is 'win', but game 'rps' has no"):
+        create_commander(cfg)
+    create_commander(league_cfg(opponent_lookahead="win_or_block"))  # Connect Four has both
 
 
 def test_a_snapshot_that_tasks_keep_failing_against_is_retired_and_its_blob_deleted():
