@@ -124,6 +124,14 @@ def lookahead_move(game: str, obs: np.ndarray, lookahead: str) -> Optional[int]:
     one. The league's opponent seats run it before their policy acts (``commander.league.
     opponent_lookahead``).
 
+    Args:
+        game: a game name of :data:`GAMES` (``connect_four``).
+        obs: float32 (84 + 7,) as :class:`TwoPlayerEnv` gives it (the mover's planes first).
+        lookahead: one of :data:`LOOKAHEADS`.
+
+    Returns:
+        A legal column (int in [0, 7)), or None when the lookahead finds no move.
+
     Raises:
         GameError: a lookahead other than "none" for a game without one (only :data:`LOOKAHEAD_GAMES`
             have them), or an unknown ``lookahead``.

@@ -15,10 +15,10 @@ setting: sampled, so a snapshot is a mixed strategy, as in fictitious play), or 
 ``commander.league.opponent_acts="eval"`` as an eval does (``Policy.act_eval``). With
 ``commander.league.opponent_lookahead`` it first looks one move ahead
 (``common.games.lookahead_move``) and plays what that finds: a move that wins at once ("win"), or
-else one that blocks main's win at once ("win_or_block"). Main then meets opponents that punish
-every threat it leaves open and block every one it makes, as the heuristic its evals play does,
-rather than only as often as its own past policy happens to (docs/performance.md, the Connect
-Four league).
+else one that blocks main's win at once ("win_or_block"; one block a move). Main then meets
+opponents that take every win in one it leaves them and block its single threats, as the
+heuristic its evals play does, rather than only as often as its own past policy happens to
+(docs/performance.md, the Connect Four league).
 """
 
 from __future__ import annotations
@@ -94,10 +94,13 @@ class Seat:
 def seat_for(live: Any, player_id: str, own: Policy, cfg: Any, conn: redis.Redis, ns: str,
              setting: dict[str, Any], rng: np.random.Generator) -> Seat:
     """The seat for ``player_id``: ``own`` for ``main``, else the snapshot's policy (loaded once
-    per worker and run, the last :data:`KEPT` kept in ``live.opponents``).
+    per worker and run, the last :data:`KEPT` kept in ``live.opponents``), with the lookahead of
+    ``commander.league.opponent_lookahead`` when it is not "none".
 
     Raises:
         OpponentError: see :func:`load_snapshot`; also weights that do not fit the model.
+        common.games.GameError: a lookahead for an env that is not a game of common/games.py
+            (the league commander refuses such a config before any task: its check_config).
     """
     league = cfg.commander.league
     as_eval = league.opponent_acts == "eval"

@@ -223,7 +223,7 @@ def test_an_opponent_with_a_lookahead_wins_then_blocks_and_plays_its_policy_othe
     ns = keys.namespace("c4", "r1")
     blobstore.put_versioned(fake_redis, keys.league_snapshot(ns, "main@10"), serialization.dumps(policy.get_weights()), 10)
     # The mover's three in the bottom row: column 3 wins at once, while the other side threatens column 6.
-    win = board(mine=[(5, 0), (5, 1), (5, 2)], theirs=[(4, 6), (3, 6), (2, 6)])
+    win = board(mine=[(5, 0), (5, 1), (5, 2), (5, 5)], theirs=[(5, 6), (4, 6), (3, 6)])
     block = board(mine=[(5, 0)], theirs=[(5, 6), (4, 6), (3, 6)])  # column 6 stops their four
     quiet = board(mine=[(5, 0)], theirs=[(5, 6)])
 
