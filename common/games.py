@@ -117,6 +117,19 @@ def winning_moves(obs: np.ndarray, plane: int) -> list[int]:
     return wins
 
 
+def check_lookahead(game: str, lookahead: str) -> None:
+    """Whether ``game`` has the one-move ``lookahead`` (:func:`lookahead_move`).
+
+    Raises:
+        GameError: an unknown ``lookahead``, or one other than "none" for a game without
+            lookaheads (only :data:`LOOKAHEAD_GAMES` have them).
+    """
+    if lookahead not in LOOKAHEADS:
+        raise GameError(f"unknown lookahead {lookahead!r}; known: {LOOKAHEADS}")
+    if lookahead != "none" and game not in LOOKAHEAD_GAMES:
+        raise GameError(f"game {game!r} has no one-move lookahead; games with one: {LOOKAHEAD_GAMES}")
+
+
 def lookahead_move(game: str, obs: np.ndarray, lookahead: str) -> Optional[int]:
     """The move a one-move ``lookahead`` (one of :data:`LOOKAHEADS`) finds for the mover of
     ``obs`` in ``game``, or None: "win" a move that wins at once (the lowest such column),
@@ -133,15 +146,11 @@ def lookahead_move(game: str, obs: np.ndarray, lookahead: str) -> Optional[int]:
         A legal column (int in [0, 7)), or None when the lookahead finds no move.
 
     Raises:
-        GameError: a lookahead other than "none" for a game without one (only :data:`LOOKAHEAD_GAMES`
-            have them), or an unknown ``lookahead``.
+        GameError: see :func:`check_lookahead`.
     """
-    if lookahead not in LOOKAHEADS:
-        raise GameError(f"unknown lookahead {lookahead!r}; known: {LOOKAHEADS}")
+    check_lookahead(game, lookahead)
     if lookahead == "none":
         return None
-    if game not in LOOKAHEAD_GAMES:
-        raise GameError(f"game {game!r} has no one-move lookahead; games with one: {LOOKAHEAD_GAMES}")
     for plane in (0, 1)[: 1 if lookahead == "win" else 2]:
         moves = winning_moves(obs, plane)
         if moves:
@@ -155,11 +164,8 @@ def connect_four_heuristic(obs: np.ndarray, rng: np.random.Generator) -> int:
     Args:
         obs: float32 (84 + 7,) as :class:`TwoPlayerEnv` gives it (the mover's planes first).
     """
-    for plane in (0, 1):  # own winning move first, then the opponent's to block
-        wins = winning_moves(obs, plane)
-        if wins:
-            return wins[0]
-    return random_move(obs, 7, rng)
+    move = lookahead_move("connect_four", obs, "win_or_block")
+    return random_move(obs, 7, rng) if move is None else move
 
 
 def random_move(obs: np.ndarray, n_actions: int, rng: np.random.Generator) -> int:

@@ -59,10 +59,11 @@ class LeagueCommander(SoloCommander):
             raise LeagueError("config key 'env.manager.type' must be 'sync' under the league commander: the opponent's "
                               f"policy acts inside the envs, which 'async' puts in subprocesses (got {cfg.env.manager.type!r})")
         settings = LeagueSettings.of(cfg.commander.get("league"))
-        game = games.game_of(env_id)
-        if settings.opponent_lookahead != "none" and game not in games.LOOKAHEAD_GAMES:
-            raise LeagueError(f"config key 'commander.league.opponent_lookahead' is {settings.opponent_lookahead!r}, but "
-                              f"game {game!r} has no one-move lookahead (games with one: {', '.join(games.LOOKAHEAD_GAMES)})")
+        try:
+            games.check_lookahead(games.game_of(env_id), settings.opponent_lookahead)
+        except games.GameError as e:
+            raise LeagueError(f"config key 'commander.league.opponent_lookahead' is {settings.opponent_lookahead!r}, "
+                              f"but {e}") from None
 
     def __init__(self, cfg: EasyDict, **kwargs: Any) -> None:
         self.check_config(cfg)
