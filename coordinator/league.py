@@ -14,7 +14,19 @@ list of players). Each training collector task plays one opponent::
 so main mostly meets the snapshots it still loses to (prioritised fictitious self-play). The
 payoff table counts main's wins, draws and losses against each opponent; a task's games move
 both players' Elo (400-point logistic scale, ``elo_k`` per game, one game at a time at the
-task's mean score); self-play games rate nobody. A snapshot starts at main's Elo of the moment.
+task's mean score). A snapshot starts at main's Elo of the moment.
+
+The opponent's seat is not main's: it may look a move ahead (``opponent_lookahead``) or play as
+evals do (``opponent_acts``), so an even match between equal policies is not a score of 1/2.
+Self-play games measure what the seat is worth, as sports Elo systems rate a home advantage:
+they rate nobody, but move ``self_play_score``, main's score against itself in the opponent's
+seat (an average over about the last :data:`SEAT_HORIZON` self-play games), and a rated game
+expects main to score against an opponent rated ``elo`` as against one rated ``elo + A``::
+
+    A = 400 * log10((1 - s) / s),   s = self_play_score clipped to [0.02, 0.98]
+
+Without it every rated game the seat wins is read as the snapshot being better than main, each
+new snapshot enters that much below the ones before it, and ratings fall while play improves.
 
 The league is state of the commander (coordinator/league_commander.py): it is persisted with the
 commander's state, so a restarted coordinator resumes it and a task's result, acked in the same
@@ -34,6 +46,8 @@ from common.games import LOOKAHEADS
 MAIN = "main"
 WEIGHTINGS = ("hard", "variance", "uniform")
 OPPONENT_ACTS = ("sample", "eval")  # an opponent's moves: as its collectors act, or as its evals
+SEAT_HORIZON = 1000  # self-play games: the span of self_play_score's moving average
+SEAT_CLIP = 0.02  # self_play_score's bound away from 0 and 1: the seat advantage stays within ±676 Elo
 
 
 class LeagueError(ValueError):
@@ -118,6 +132,7 @@ class League:
     # opponent -> [wins, draws, losses] of main against it
     payoff: dict[str, list[int]] = field(default_factory=dict)
     next_snapshot: int = 0  # the train iteration at or after which the next snapshot is due
+    self_play_score: float = 0.5  # main's score against itself in the opponent's seat (module docstring)
 
     def __post_init__(self) -> None:
         self.players.setdefault(MAIN, LeaguePlayer(MAIN, elo=float(self.settings.initial_elo)))
@@ -171,6 +186,13 @@ class League:
         return pool[int(rng.choice(len(pool), p=self.weights(pool)))]
 
     # -- results --------------------------------------------------------------------------
+    @property
+    def seat_advantage(self) -> float:
+        """What the opponent's seat is worth, in Elo points (module docstring); 0 while
+        ``self_play_score`` is 1/2."""
+        s = min(max(self.self_play_score, SEAT_CLIP), 1.0 - SEAT_CLIP)
+        return 400.0 * float(np.log10((1.0 - s) / s))
+
     def record(self, opponent: str, wins: int, draws: int, losses: int) -> None:
         """Count main's games against ``opponent`` and move both ratings (module docstring).
 
@@ -185,13 +207,16 @@ class League:
         for i, n in enumerate((wins, draws, losses)):
             row[i] += int(n)
         games = wins + draws + losses
-        if opponent == MAIN or games == 0:
+        if games == 0:
+            return
+        mean = (wins + draws / 2) / games
+        if opponent == MAIN:
+            self.self_play_score += (1.0 - (1.0 - 1.0 / SEAT_HORIZON) ** games) * (mean - self.self_play_score)
             return
         me, them = self.players[MAIN], self.players[opponent]
-        mean = (wins + draws / 2) / games
-        k = float(self.settings.elo_k)
+        k, seat = float(self.settings.elo_k), self.seat_advantage
         for _ in range(games):
-            delta = k * (mean - expected_score(me.elo, them.elo))
+            delta = k * (mean - expected_score(me.elo, them.elo + seat))
             me.elo += delta
             them.elo -= delta
         me.games += games
@@ -205,21 +230,24 @@ class League:
     # -- records --------------------------------------------------------------------------
     def table(self, train_iter: int = 0) -> dict[str, Any]:
         """summary.json's ``league``: players (the train iteration a snapshot was taken at, main's
-        ``train_iter`` now; Elo; ``rated_games``, self-play not counted; ``active``) and main's
-        payoff rows (its self-play games under ``main``)."""
-        return {"players": {p.player_id: {"train_iter": train_iter if p.player_id == MAIN else p.train_iter,
+        ``train_iter`` now; Elo; ``rated_games``, self-play not counted; ``active``), main's
+        payoff rows (its self-play games under ``main``) and ``seat_advantage`` (Elo points)."""
+        return {"seat_advantage": round(self.seat_advantage, 1),
+                "players": {p.player_id: {"train_iter": train_iter if p.player_id == MAIN else p.train_iter,
                                           "elo": round(p.elo, 1), "rated_games": p.games, "active": p.active}
                             for p in self.players.values()},
                 "payoff": {o: {"wins": r[0], "draws": r[1], "losses": r[2]} for o, r in sorted(self.payoff.items())}}
 
     def state_dict(self) -> dict[str, Any]:
         return {"players": [asdict(p) for p in self.players.values()],
-                "payoff": {k: list(v) for k, v in self.payoff.items()}, "next_snapshot": self.next_snapshot}
+                "payoff": {k: list(v) for k, v in self.payoff.items()}, "next_snapshot": self.next_snapshot,
+                "self_play_score": self.self_play_score}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.players = {p["player_id"]: LeaguePlayer(**p) for p in state["players"]}
         self.payoff = {k: [int(x) for x in v] for k, v in state["payoff"].items()}
         self.next_snapshot = int(state["next_snapshot"])
+        self.self_play_score = float(state.get("self_play_score", 0.5))  # absent from states saved before it
 
 
 def status_lines(table: Any, newest: int = 3) -> list[str]:
@@ -232,7 +260,8 @@ def status_lines(table: Any, newest: int = 3) -> list[str]:
     players, payoff = table["players"], table["payoff"]
     snaps = sorted((p for p in players if p != MAIN), key=lambda p: players[p]["train_iter"])
     pool = sum(1 for p in snaps if players[p].get("active", True))
-    lines = [f"  league: main Elo {players[MAIN]['elo']:.0f}, {len(snaps)} snapshots ({pool} in the pool)"]
+    lines = [f"  league: main Elo {players[MAIN]['elo']:.0f}, {len(snaps)} snapshots ({pool} in the pool), "
+             f"opponent's seat worth {table.get('seat_advantage', 0.0):+.0f} Elo"]
     for p in [MAIN, *snaps[-newest:][::-1]]:
         row = payoff.get(p, {"wins": 0, "draws": 0, "losses": 0})
         games = row["wins"] + row["draws"] + row["losses"]

@@ -8,7 +8,7 @@ league (coordinator/league.py) on top, as DI-engine's OneVsOneCommander plays on
            transaction that persists the commander's state) to rqrl:{exp}:league:snapshot:{id}
     training collector task -> opponent: main (self-play) or a snapshot by PFSP
     its finish (wins, draws, losses of its games) -> payoff table, Elo, TensorBoard
-        league/win_rate/{opponent}, league/elo/{player}
+        league/win_rate/{opponent}, league/elo/{player}, league/seat_advantage (Elo points)
     evals -> the env's own opponent (common/games.py: the heuristic); stop_value on its win rate
 
 The league is part of :meth:`state_dict`, so a restarted coordinator adopts it from Redis and a
@@ -146,6 +146,7 @@ class LeagueCommander(SoloCommander):
             self._tb_logger.add_scalar(f"league/win_rate/{opponent}", rate, self.train_iter)
         for player in (MAIN, opponent):
             self._tb_logger.add_scalar(f"league/elo/{player}", self.league.players[player].elo, self.train_iter)
+        self._tb_logger.add_scalar("league/seat_advantage", self.league.seat_advantage, self.train_iter)
 
     # ------------------------------------------------------------------ persistence
     def redis_writes(self, pipe: Any) -> None:

@@ -98,6 +98,42 @@ def test_elo_moves_to_the_winner_and_self_play_rates_nobody():
     assert expected_score(1200, 1000) == pytest.approx(1 / (1 + 10 ** (-0.5)))
 
 
+def _league_with_a_seat_worth(seat: float, progress: float, rounds: int = 30) -> League:
+    """A league whose main gains ``progress`` true Elo points per snapshot, with games scored as
+    the Elo model expects when the opponent's seat is worth ``seat`` points (100 games a task)."""
+    league, true = League(LeagueSettings(snapshot_every=1)), {MAIN: 0.0}
+
+    def play(opponent: str) -> None:
+        wins = round(100 * expected_score(true[MAIN], true[opponent] + seat))
+        league.record(opponent, wins, 0, 100 - wins)
+
+    for _ in range(100):
+        play(MAIN)
+    for it in range(1, rounds + 1):
+        true[MAIN] += progress
+        league.add_snapshot(f"main@{it}", it)
+        true[f"main@{it}"] = true[MAIN]
+        play(MAIN)
+        for snapshot in league.snapshots[-5:]:
+            play(snapshot)
+    return league
+
+
+def test_self_play_measures_the_opponents_seat_and_rated_games_expect_it():
+    """The opponent's seat worth 190.8 Elo (main scores 1/4 against itself): equal policies keep
+    equal ratings and a main that improves rates its last snapshot above its first. Rated as if
+    the seat were main's, each snapshot entered below the last and the ratings fell to -908."""
+    level = _league_with_a_seat_worth(400 * np.log10(3), progress=0.0)
+    assert level.self_play_score == pytest.approx(0.25, abs=1e-4) and level.seat_advantage == pytest.approx(190.8, abs=0.1)
+    assert all(p.elo == pytest.approx(1000.0, abs=1.0) for p in level.players.values())
+    assert level.table()["seat_advantage"] == pytest.approx(190.8)
+    rising = _league_with_a_seat_worth(400 * np.log10(3), progress=10.0)
+    elo = [rising.players[s].elo for s in rising.snapshots]
+    assert elo[-1] > elo[0] + 150 and rising.players[MAIN].elo > elo[0]
+    even = _league_with_a_seat_worth(0.0, progress=0.0)  # a seat worth nothing leaves Elo as it was
+    assert even.seat_advantage == 0.0 and all(p.elo == 1000.0 for p in even.players.values())
+
+
 def test_snapshots_are_due_at_each_multiple_and_retired_ones_leave_the_pool():
     league = League(LeagueSettings(snapshot_every=10, max_snapshots=2))
     assert league.snapshot_due(9) is None
@@ -180,7 +216,8 @@ def test_the_league_commander_hands_out_opponents_takes_snapshots_and_counts_res
     table = cm.summary()["league"]
     assert table["players"]["main"]["elo"] > 1000 and table["players"]["main"]["train_iter"] == 5
     lines = status_lines(json.dumps(table))
-    assert lines[0] == f"  league: main Elo {table['players']['main']['elo']:.0f}, 1 snapshots (1 in the pool)", lines
+    assert lines[0] == (f"  league: main Elo {table['players']['main']['elo']:.0f}, 1 snapshots (1 in the pool), "
+                        "opponent's seat worth +0 Elo"), lines
     assert "vs itself" in lines[1] and "not met yet" in lines[1] and "main won 70% of 10 games" in lines[2]
     assert [p.player_id for p in cm.players()] == ["main", "main@5"]
     # A restarted coordinator adopts the state: the running first task's opponent and the league.
