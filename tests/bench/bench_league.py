@@ -5,8 +5,9 @@
 
 Reads each folder's summary.json (``league``: players, Elo, payoff) and evals.jsonl (eval return
 = win rate against the heuristic: the preset's evals use the win-only reward) and prints one
-line per run: the last and best eval win rates, the env steps of the best, main's Elo, and the
-Elo of the league's first and last snapshots (issue 33 asks the last above the first in every
+line per run: the last and best eval win rates, the env steps of the best, main's Elo, what
+the opponent's seat is worth (``seat``, Elo points: coordinator/league.py), and the Elo of the
+league's first and last snapshots (issue 33 asks the last above the first in every
 seed), then the same as JSON. Runs nothing itself: the runs come from ``rqrl train
 deploy/configs/connect_four_ppo.py --seed N`` or ``python -m tests.bench.results --run
 connect_four_ppo``.
@@ -46,7 +47,8 @@ def league_figures(folder: Path) -> dict[str, Any]:
     return {"run": str(folder), "envstep": summary.get("envstep"), "converged": summary.get("converged"),
             "last_win_rate": scored[-1]["reward_mean"] if scored else None,
             "best_win_rate": best.get("reward_mean"), "best_at_envstep": best.get("envstep"),
-            "main_elo": players["main"]["elo"], "snapshots": len(snaps),
+            "main_elo": players["main"]["elo"], "seat_advantage": summary["league"].get("seat_advantage"),
+            "snapshots": len(snaps),
             "first_snapshot_elo": players[snaps[0]]["elo"] if snaps else None,
             "last_snapshot_elo": players[snaps[-1]]["elo"] if snaps else None}
 
@@ -133,12 +135,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                   f"{fmt(t['wins_taken_share'], '.2f')} of {t['wins_open']}, threats blocked "
                   f"{fmt(t['blocked_share'], '.2f')} of {t['threats']}")
         rows.append(row)
-    print(f"{'run':<40} {'env steps':>10} {'last':>5} {'best':>5} {'at':>10} {'main Elo':>8} "
+    print(f"{'run':<40} {'env steps':>10} {'last':>5} {'best':>5} {'at':>10} {'main Elo':>8} {'seat':>5} "
           f"{'snaps':>5} {'first':>6} {'last':>6}")
     for r in (r for r in rows if "main_elo" in r):
         print(f"{r['run'][-40:]:<40} {r['envstep'] or 0:>10,} {fmt(r['last_win_rate'], '.2f'):>5} "
               f"{fmt(r['best_win_rate'], '.2f'):>5} {fmt(r['best_at_envstep'], ','):>10} {r['main_elo']:>8.0f} "
-              f"{r['snapshots']:>5} {fmt(r['first_snapshot_elo'], '.0f'):>6} {fmt(r['last_snapshot_elo'], '.0f'):>6}")
+              f"{fmt(r['seat_advantage'], '+.0f'):>5} {r['snapshots']:>5} {fmt(r['first_snapshot_elo'], '.0f'):>6} {fmt(r['last_snapshot_elo'], '.0f'):>6}")
     print(json.dumps(rows))
     return rows
 

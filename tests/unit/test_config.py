@@ -207,6 +207,12 @@ def test_validate_errors(main, key):
         compile_config(main)
 
 
+@pytest.mark.parametrize("value, why", [(-1, "must be an int >= 0"), (2.5, "expected int, got float")])
+def test_ppo_lr_anneal_iters_must_be_a_count_of_train_iterations(value, why):
+    with pytest.raises(ConfigError, match=rf"'policy\.learn\.lr_anneal_iters'.*{why}"):
+        compile_config({"policy": {"learn": {"lr_anneal_iters": value}}}, {"policy": {"type": "ppo"}})
+
+
 def test_async_manager_accepted():
     assert compile_config({"env": {"manager": {"type": "async"}}}).env.manager.type == "async"
 

@@ -315,3 +315,23 @@ def test_ppo_box_actions_off_centre_act_in_the_middle_and_learn():
         policy.learn({"obs": obs, "action": rec["action"], "logp": rec["logp"], "value": rec["value"],
                       "adv": reward - rec["value"], "ret": reward})
     assert abs(policy.act_eval(obs[:1], np.random.default_rng(0))[0, 0] - 107.0) < 0.5
+
+
+def test_lr_anneal_iters_lowers_the_learning_rate_linearly_to_zero_and_resumes_from_the_state():
+    """CleanRL's anneal_lr: train iteration i (from 0) learns at learning_rate * (1 - i / N); a
+    learner that restarts from the policy's state goes on down the line, not back at the top."""
+    def batch(policy):
+        obs = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+        _, rec = policy.act(obs, {}, np.random.default_rng(0))
+        return {"obs": obs, "action": rec["action"], "logp": rec["logp"], "value": rec["value"],
+                "adv": np.ones(32, np.float32), "ret": np.ones(32, np.float32)}
+
+    learn = {"learning_rate": 1e-3, "lr_anneal_iters": 4}
+    policy = make_policy(learn=learn)
+    lrs = [policy.learn(batch(policy))["cur_lr"] for _ in range(2)]
+    again = make_policy(learn=learn)
+    again.load_state_dict(policy.state_dict())
+    lrs += [again.learn(batch(again))["cur_lr"] for _ in range(3)]
+    assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0])
+    constant = make_policy(learn={"learning_rate": 1e-3})
+    assert [constant.learn(batch(constant))["cur_lr"] for _ in range(3)] == [1e-3] * 3

@@ -29,6 +29,9 @@ CONFIG: dict[str, Any] = dict(
         value_clip=True,  # clip the value update around the old value, as the policy ratio
         adv_norm=True,
         grad_clip_norm=0.5,
+        # 0: a constant learning rate; N > 0: it falls linearly from learning_rate to 0 over N train
+        # iterations (CleanRL's anneal_lr, over its run's updates: set N to the budget's iterations).
+        lr_anneal_iters=0,
     ),
     collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95),
     # Evals act with the most likely action (Discrete) / the mean (Box); True samples from the

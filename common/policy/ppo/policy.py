@@ -26,6 +26,9 @@ Learn step, ``epoch_per_collect`` epochs of shuffled minibatches of ``batch_size
     L_value = 0.5 * mean(max((V - ret)^2, (value + clip(V - value, -eps, eps) - ret)^2))
     loss    = L_clip + value_weight * L_value - entropy_weight * entropy
 
+With ``lr_anneal_iters`` N > 0 the learning rate of train iteration ``i`` (from 0) is
+``learning_rate * max(0, 1 - i / N)``, as CleanRL's ``anneal_lr`` (torch's LinearLR).
+
 Discrete actions use a categorical head; Box actions a Gaussian with a state-independent
 log-std over a normalised action ``a`` whose range [-1, 1] is mapped onto the space's bounds
 when sent to the env, as SAC does (and as Stable-Baselines3 recommends for PPO)::
@@ -118,6 +121,9 @@ class PPOPolicy(Policy):
             self._high = np.asarray(spec.action_high, np.float32)
         if "learn" in self.modes:
             self.optimizer = nets.adam(self.model.parameters(), cfg.policy.learn.learning_rate)
+            anneal = int(cfg.policy.learn.get("lr_anneal_iters", 0))
+            self.scheduler = (torch.optim.lr_scheduler.LinearLR(self.optimizer, 1.0, 0.0, anneal) if anneal > 0
+                              else None)
             self._rng = torch.Generator().manual_seed(int(cfg.seed))
 
     def schema(self) -> Schema:
@@ -222,14 +228,21 @@ class PPOPolicy(Policy):
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["cur_lr"] = self.optimizer.param_groups[0]["lr"]
         out["rows"] = float(n)
+        if self.scheduler is not None:
+            self.scheduler.step()
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return nets.get_weights(self.model)
