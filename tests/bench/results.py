@@ -461,9 +461,9 @@ class Record:
             evals = _evals(seed_dir)
             last = evals[-1]["reward_mean"] if evals else row.get("last_eval_reward_mean")
             best = max((e["reward_mean"] for e in evals), default=row.get("best_eval_reward_mean"))
-            summary = seed_dir / "summary.json"
-            train = json.loads(summary.read_text()).get("train_return_mean") if summary.is_file() else None
-            out.append({**row, "last": last, "best": best, "evals": len(evals), "train_return": train})
+            summary = json.loads((seed_dir / "summary.json").read_text()) if (seed_dir / "summary.json").is_file() else {}
+            out.append({**row, "last": last, "best": best, "evals": len(evals),
+                        "train_return": summary.get("train_return_mean"), "league": summary.get("league")})
         return out
 
     def budget(self) -> str:
@@ -579,10 +579,32 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
             lines.append(f"| {s['seed']} | {'yes' if s['solved'] else 'no'} | {float(s['wall_seconds'] or 0):.0f} "
                          f"| {s['envstep']:,} | {s['train_iter']:,} | {s['evals']} | {fmt(s['last'])} | {fmt(s['best'])} "
                          f"| {reeval} | {fmt(s['train_return'])} |")
+        lines += league_lines(r.seeds())
         if (r.folder / "curve.png").is_file():
             lines += ["", f"![{r.exp}: eval return against env steps, mean and min-max band over seeds]"
                           f"({folder}/curve.png)"]
     return "\n".join(lines) + "\n"
+
+
+def league_lines(seeds: list[dict[str, Any]]) -> list[str]:
+    """A league preset's Elo per seed (summary.json ``league``): its first and last snapshots'
+    (issue 33 asks the last above the first), main's, and what the opponent's seat was worth at
+    the end (coordinator/league.py); [] where no seed has a league."""
+    rows = []
+    for s in seeds:
+        league = s.get("league")
+        if not league:
+            continue
+        players = league["players"]
+        snaps = sorted((p for p in players if p != "main"), key=lambda p: players[p]["train_iter"])
+        seat = league.get("seat_advantage")
+        elo = (lambda p: f"{players[p]['elo']:,.0f} ({p})")
+        rows.append(f"| {s['seed']} | {elo(snaps[0]) if snaps else '-'} | {elo(snaps[-1]) if snaps else '-'} "
+                    f"| {players['main']['elo']:,.0f} | {'-' if seat is None else f'{seat:+.0f}'} |")
+    if not rows:
+        return []
+    return ["", "| seed | Elo of the first snapshot | Elo of the last snapshot | main's Elo | opponent's seat (Elo) |",
+            "| ---: | ---: | ---: | ---: | ---: |", *rows]
 
 
 def write_page(results_dir: Path = RESULTS_DIR, page: Path = PAGE) -> Path:

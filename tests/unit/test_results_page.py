@@ -28,6 +28,8 @@ def _sweep(root: Path, exp: str, runs: list[dict], **table) -> Path:
         summary = {"envstep": r["envstep"], "wall_seconds": r["wall"]}
         if "train" in r:
             summary["train_return_mean"] = r["train"]
+        if "league" in r:
+            summary["league"] = r["league"]
         (run_dir / "summary.json").write_text(json.dumps(summary))
         (run_dir / "evals.jsonl").write_text("".join(
             json.dumps({"envstep": e, "reward_mean": v, "episodes": 5}) + "\n" for e, v in r["evals"]))
@@ -85,6 +87,21 @@ def test_each_seed_row_gives_its_training_return_and_a_reference_links_from_wher
     assert "| 20.0 | 20.0 | - | 31.2 |" in page and "| 30.0 | 30.0 | - | - |" in page
     bench = Path(os.path.relpath(REPO / "docs" / "bench", out))
     assert f"a figure ([raw]({bench}/ref.json), [run](results/x.json))" in page
+
+
+def test_a_league_preset_gives_each_seeds_first_and_last_snapshot_elo_and_others_no_league_table(tmp_path):
+    players = {"main": {"train_iter": 30, "elo": 1250.0}, "main@20": {"train_iter": 20, "elo": 1180.4},
+               "main@10": {"train_iter": 10, "elo": 1004.6}}
+    sweep = _sweep(tmp_path / "work", "connect_four_ppo", [
+        {"seed": 0, "solved": False, "envstep": 900, "wall": 9.0, "evals": [(900, 0.5)],
+         "league": {"players": players, "payoff": {}, "seat_advantage": 57.94}},
+        {"seed": 1, "solved": False, "envstep": 900, "wall": 9.0, "evals": [(900, 0.4)],
+         "league": {"players": {"main": {"train_iter": 5, "elo": 1000.0}}, "payoff": {}}}],
+        env_id="rqrl/ConnectFour-v0", algo="ppo", stop_value=0.9, machine=MACHINE)
+    page = _page(tmp_path / "docs", "--add", str(sweep))
+    assert "| 0 | 1,005 (main@10) | 1,180 (main@20) | 1,250 | +58 |" in page
+    assert "| 1 | - | - | 1,000 | - |" in page  # no snapshot yet, and a summary from before the seat's figure
+    assert results.league_lines([{"seed": 0, "league": None}]) == []
 
 
 def test_a_gpu_is_named_on_the_page(tmp_path):
