@@ -450,10 +450,6 @@ def _validate(cfg: dict) -> None:
     for name in ("env_idle_s", "step_timeout_s"):
         if col.get(name, 0) < 0:
             raise ConfigError(f"config key 'policy.collect.collector.{name}' must be >= 0, got {col[name]!r}")
-    anneal = cfg["policy"]["learn"].get("lr_anneal_iters", 0)  # its type is checked by the merge
-    if anneal < 0:
-        raise ConfigError(f"config key 'policy.learn.lr_anneal_iters' must be an int >= 0 (train iterations; "
-                          f"0 = a constant learning rate), got {anneal!r}")
     share = cfg["commander"]["eval_max_share"]
     if not 0 < share <= 1:
         raise ConfigError(f"config key 'commander.eval_max_share' must be in (0, 1], got {share!r}")

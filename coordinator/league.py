@@ -20,7 +20,9 @@ The opponent's seat is not main's: it may look a move ahead (``opponent_lookahea
 evals do (``opponent_acts``), so an even match between equal policies is not a score of 1/2.
 Self-play games measure what the seat is worth, as sports Elo systems rate a home advantage:
 they rate nobody, but move ``self_play_score``, main's score against itself in the opponent's
-seat (an average over about the last :data:`SEAT_HORIZON` self-play games), and a rated game
+seat (the mean of all self-play games up to :data:`SEAT_HORIZON` of them, then a moving
+average over about the last :data:`SEAT_HORIZON`, so the first snapshots are rated against
+the early games' own measure rather than a prior of 1/2), and a rated game
 expects main to score against an opponent rated ``elo`` as against one rated ``elo + A``::
 
     A = 400 * log10((1 - s) / s),   s = self_play_score clipped to [0.02, 0.98]
@@ -132,7 +134,10 @@ class League:
     # opponent -> [wins, draws, losses] of main against it
     payoff: dict[str, list[int]] = field(default_factory=dict)
     next_snapshot: int = 0  # the train iteration at or after which the next snapshot is due
-    self_play_score: float = 0.5  # main's score against itself in the opponent's seat (module docstring)
+    # main's score in [0, 1] (win 1, draw 1/2) against itself in the opponent's seat, over
+    # self_play_games games so far (module docstring)
+    self_play_score: float = 0.5
+    self_play_games: int = 0
 
     def __post_init__(self) -> None:
         self.players.setdefault(MAIN, LeaguePlayer(MAIN, elo=float(self.settings.initial_elo)))
@@ -194,7 +199,8 @@ class League:
         return 400.0 * float(np.log10((1.0 - s) / s))
 
     def record(self, opponent: str, wins: int, draws: int, losses: int) -> None:
-        """Count main's games against ``opponent`` and move both ratings (module docstring).
+        """Count main's games against ``opponent`` and move both ratings; games against ``main``
+        itself move ``self_play_score`` instead (module docstring).
 
         Raises:
             LeagueError: ``opponent`` is not a player, or a count is negative.
@@ -211,7 +217,7 @@ class League:
             return
         mean = (wins + draws / 2) / games
         if opponent == MAIN:
-            self.self_play_score += (1.0 - (1.0 - 1.0 / SEAT_HORIZON) ** games) * (mean - self.self_play_score)
+            self._measure_seat(games, mean)
             return
         me, them = self.players[MAIN], self.players[opponent]
         k, seat = float(self.settings.elo_k), self.seat_advantage
@@ -221,6 +227,17 @@ class League:
             them.elo -= delta
         me.games += games
         them.games += games
+
+    def _measure_seat(self, games: int, mean: float) -> None:
+        """Fold ``games`` self-play games scoring ``mean`` into ``self_play_score``: a running mean
+        while fewer than SEAT_HORIZON games are in it, then per game ``s += (mean - s) / SEAT_HORIZON``."""
+        averaged = min(games, max(0, SEAT_HORIZON - self.self_play_games))
+        if averaged:
+            n = self.self_play_games + averaged
+            self.self_play_score += averaged / n * (mean - self.self_play_score)
+        rest = games - averaged
+        self.self_play_score += (1.0 - (1.0 - 1.0 / SEAT_HORIZON) ** rest) * (mean - self.self_play_score)
+        self.self_play_games += games
 
     def win_rate(self, opponent: str) -> Optional[float]:
         """Main's share of games won against ``opponent``; None before a game."""
@@ -241,13 +258,18 @@ class League:
     def state_dict(self) -> dict[str, Any]:
         return {"players": [asdict(p) for p in self.players.values()],
                 "payoff": {k: list(v) for k, v in self.payoff.items()}, "next_snapshot": self.next_snapshot,
-                "self_play_score": self.self_play_score}
+                "self_play_score": self.self_play_score, "self_play_games": self.self_play_games}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.players = {p["player_id"]: LeaguePlayer(**p) for p in state["players"]}
         self.payoff = {k: [int(x) for x in v] for k, v in state["payoff"].items()}
         self.next_snapshot = int(state["next_snapshot"])
-        self.self_play_score = float(state.get("self_play_score", 0.5))  # absent from states saved before it
+        if "self_play_games" in state:
+            self.self_play_score, self.self_play_games = float(state["self_play_score"]), int(state["self_play_games"])
+        else:  # a state saved before the seat was measured: its self-play payoff row is the measure
+            w, d, lo = self.payoff.get(MAIN, [0, 0, 0])
+            self.self_play_games = w + d + lo
+            self.self_play_score = (w + d / 2) / self.self_play_games if self.self_play_games else 0.5
 
 
 def status_lines(table: Any, newest: int = 3) -> list[str]:
@@ -260,8 +282,8 @@ def status_lines(table: Any, newest: int = 3) -> list[str]:
     players, payoff = table["players"], table["payoff"]
     snaps = sorted((p for p in players if p != MAIN), key=lambda p: players[p]["train_iter"])
     pool = sum(1 for p in snaps if players[p].get("active", True))
-    lines = [f"  league: main Elo {players[MAIN]['elo']:.0f}, {len(snaps)} snapshots ({pool} in the pool), "
-             f"opponent's seat worth {table.get('seat_advantage', 0.0):+.0f} Elo"]
+    seat = f", opponent's seat worth {table['seat_advantage']:+.0f} Elo" if "seat_advantage" in table else ""
+    lines = [f"  league: main Elo {players[MAIN]['elo']:.0f}, {len(snaps)} snapshots ({pool} in the pool){seat}"]
     for p in [MAIN, *snaps[-newest:][::-1]]:
         row = payoff.get(p, {"wins": 0, "draws": 0, "losses": 0})
         games = row["wins"] + row["draws"] + row["losses"]

@@ -107,8 +107,7 @@ def _league_with_a_seat_worth(seat: float, progress: float, rounds: int = 30) ->
         wins = round(100 * expected_score(true[MAIN], true[opponent] + seat))
         league.record(opponent, wins, 0, 100 - wins)
 
-    for _ in range(100):
-        play(MAIN)
+    play(MAIN)  # 100 self-play games before the first snapshot
     for it in range(1, rounds + 1):
         true[MAIN] += progress
         league.add_snapshot(f"main@{it}", it)
@@ -122,9 +121,12 @@ def _league_with_a_seat_worth(seat: float, progress: float, rounds: int = 30) ->
 def test_self_play_measures_the_opponents_seat_and_rated_games_expect_it():
     """The opponent's seat worth 190.8 Elo (main scores 1/4 against itself): equal policies keep
     equal ratings and a main that improves rates its last snapshot above its first. Rated as if
-    the seat were main's, each snapshot entered below the last and the ratings fell to -908."""
+    the seat were main's, each snapshot entered below the last and the ratings fell to -908; with
+    the seat measured from a prior of 1/2 rather than the games' mean, the first 100 self-play
+    games left it at 0.476 (after 3,100, 0.261), and the equal policies' ratings fell to 506-929."""
     level = _league_with_a_seat_worth(400 * np.log10(3), progress=0.0)
-    assert level.self_play_score == pytest.approx(0.25, abs=1e-4) and level.seat_advantage == pytest.approx(190.8, abs=0.1)
+    assert level.self_play_games == 3100 and level.self_play_score == pytest.approx(0.25)
+    assert level.seat_advantage == pytest.approx(190.8, abs=0.1)
     assert all(p.elo == pytest.approx(1000.0, abs=1.0) for p in level.players.values())
     assert level.table()["seat_advantage"] == pytest.approx(190.8)
     rising = _league_with_a_seat_worth(400 * np.log10(3), progress=10.0)
@@ -132,6 +134,24 @@ def test_self_play_measures_the_opponents_seat_and_rated_games_expect_it():
     assert elo[-1] > elo[0] + 150 and rising.players[MAIN].elo > elo[0]
     even = _league_with_a_seat_worth(0.0, progress=0.0)  # a seat worth nothing leaves Elo as it was
     assert even.seat_advantage == 0.0 and all(p.elo == 1000.0 for p in even.players.values())
+
+
+def test_the_seat_is_a_running_mean_of_the_first_games_then_a_moving_average_and_old_states_use_the_payoff():
+    league = League(LeagueSettings())
+    league.record(MAIN, 25, 0, 75)
+    assert league.self_play_score == pytest.approx(0.25)  # the games' own mean, not pulled to 1/2
+    league.record(MAIN, 450, 0, 450)
+    assert league.self_play_score == pytest.approx((25 + 450) / 1000)  # SEAT_HORIZON games: still the mean
+    league.record(MAIN, 0, 0, 1000)  # then each game moves it 1/SEAT_HORIZON of the way
+    assert league.self_play_score == pytest.approx(0.475 * 0.999 ** 1000)
+    old = League(LeagueSettings())
+    state = league.state_dict()
+    del state["self_play_score"], state["self_play_games"]  # as saved before the seat was measured
+    old.load_state_dict(state)
+    assert (old.self_play_games, old.self_play_score) == (2000, pytest.approx(475 / 2000))
+    table = old.table()
+    del table["seat_advantage"]
+    assert "seat" not in status_lines(table)[0]  # a summary from before it: no figure it never had
 
 
 def test_snapshots_are_due_at_each_multiple_and_retired_ones_leave_the_pool():

@@ -319,19 +319,26 @@ def test_ppo_box_actions_off_centre_act_in_the_middle_and_learn():
 
 def test_lr_anneal_iters_lowers_the_learning_rate_linearly_to_zero_and_resumes_from_the_state():
     """CleanRL's anneal_lr: train iteration i (from 0) learns at learning_rate * (1 - i / N); a
-    learner that restarts from the policy's state goes on down the line, not back at the top."""
+    learner that restarts from the policy's state goes on down the line, not back at the top, and
+    a resume with another N or none follows its own config, not the checkpoint's."""
     def batch(policy):
         obs = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
         _, rec = policy.act(obs, {}, np.random.default_rng(0))
         return {"obs": obs, "action": rec["action"], "logp": rec["logp"], "value": rec["value"],
                 "adv": np.ones(32, np.float32), "ret": np.ones(32, np.float32)}
 
+    def lrs(policy, n):
+        return [policy.learn(batch(policy))["cur_lr"] for _ in range(n)]
+
     learn = {"learning_rate": 1e-3, "lr_anneal_iters": 4}
     policy = make_policy(learn=learn)
-    lrs = [policy.learn(batch(policy))["cur_lr"] for _ in range(2)]
+    seen = lrs(policy, 2)
     again = make_policy(learn=learn)
     again.load_state_dict(policy.state_dict())
-    lrs += [again.learn(batch(again))["cur_lr"] for _ in range(3)]
-    assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0])
+    assert seen + lrs(again, 3) == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0])
+    longer = make_policy(learn={"learning_rate": 1e-3, "lr_anneal_iters": 8})
+    longer.load_state_dict(policy.state_dict())  # 2 of 8 done
+    assert lrs(longer, 2) == pytest.approx([7.5e-4, 6.25e-4])
     constant = make_policy(learn={"learning_rate": 1e-3})
-    assert [constant.learn(batch(constant))["cur_lr"] for _ in range(3)] == [1e-3] * 3
+    constant.load_state_dict(again.state_dict())  # saved with a learning rate of 0
+    assert lrs(constant, 2) == [1e-3, 1e-3]

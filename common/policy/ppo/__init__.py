@@ -49,5 +49,12 @@ def collect_setting(cfg: EasyDict, info: dict[str, Any]) -> dict[str, Any]:
     return {"rollout_rows": int(math.ceil(int(cfg.collect.n_sample) / share))}
 
 
+def check_config(policy: dict[str, Any]) -> None:
+    """Raises ValueError naming a ``policy.learn`` key out of its range (its type is the merge's check)."""
+    if policy["learn"]["lr_anneal_iters"] < 0:
+        raise ValueError(f"config key 'policy.learn.lr_anneal_iters' must be an int >= 0 (train iterations; "
+                         f"0 = a constant learning rate), got {policy['learn']['lr_anneal_iters']!r}")
+
+
 ALGORITHM = Algorithm(name="ppo", data_source="on_policy", policy_class="common.policy.ppo.policy:PPOPolicy",
-                      config=CONFIG, collect_setting=collect_setting)
+                      config=CONFIG, collect_setting=collect_setting, check_config=check_config)

@@ -27,7 +27,8 @@ Learn step, ``epoch_per_collect`` epochs of shuffled minibatches of ``batch_size
     loss    = L_clip + value_weight * L_value - entropy_weight * entropy
 
 With ``lr_anneal_iters`` N > 0 the learning rate of train iteration ``i`` (from 0) is
-``learning_rate * max(0, 1 - i / N)``, as CleanRL's ``anneal_lr`` (torch's LinearLR).
+``learning_rate * max(0, 1 - i / N)``, as CleanRL's ``anneal_lr``. The policy's state keeps
+``i``; ``learning_rate`` and N are the config's, so a resumed run with a new budget follows it.
 
 Discrete actions use a categorical head; Box actions a Gaussian with a state-independent
 log-std over a normalised action ``a`` whose range [-1, 1] is mapped onto the space's bounds
@@ -121,9 +122,7 @@ class PPOPolicy(Policy):
             self._high = np.asarray(spec.action_high, np.float32)
         if "learn" in self.modes:
             self.optimizer = nets.adam(self.model.parameters(), cfg.policy.learn.learning_rate)
-            anneal = int(cfg.policy.learn.get("lr_anneal_iters", 0))
-            self.scheduler = (torch.optim.lr_scheduler.LinearLR(self.optimizer, 1.0, 0.0, anneal) if anneal > 0
-                              else None)
+            self.updates = 0  # learn() calls: train iterations, the schedule's position
             self._rng = torch.Generator().manual_seed(int(cfg.seed))
 
     def schema(self) -> Schema:
@@ -192,6 +191,7 @@ class PPOPolicy(Policy):
         adv_all = nets.to_device(batch["adv"], dev, torch.float32)
         ret = nets.to_device(batch["ret"], dev, torch.float32)
         n, eps = len(x), float(lc.clip_ratio)
+        self._set_lr()
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "total_loss")}
         for _ in range(int(lc.epoch_per_collect)):
             perm = torch.randperm(n, generator=self._rng).to(dev)
@@ -228,21 +228,25 @@ class PPOPolicy(Policy):
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["cur_lr"] = self.optimizer.param_groups[0]["lr"]
         out["rows"] = float(n)
-        if self.scheduler is not None:
-            self.scheduler.step()
+        self.updates += 1
         return out
 
+    def _set_lr(self) -> None:
+        """The learning rate of train iteration ``self.updates`` (module docstring)."""
+        lc = self.cfg.policy.learn
+        anneal = int(lc.get("lr_anneal_iters", 0))
+        lr = float(lc.learning_rate) * (max(0.0, 1.0 - self.updates / anneal) if anneal > 0 else 1.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def state_dict(self) -> dict[str, Any]:
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler.state_dict()
-        return state
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "updates": self.updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and "scheduler" in state:
-            self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer.load_state_dict(state["optimizer"])  # its saved learning rate gives way to _set_lr's
+        self.updates = int(state.get("updates", 0))  # absent from states saved before the schedule
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return nets.get_weights(self.model)
