@@ -120,7 +120,8 @@ def _league_with_a_seat_worth(seat: float, progress: float, rounds: int = 30) ->
 
 def test_self_play_measures_the_opponents_seat_and_rated_games_expect_it():
     """The opponent's seat worth 190.8 Elo (main scores 1/4 against itself): equal policies keep
-    equal ratings and a main that improves rates its last snapshot above its first. Rated as if
+    equal ratings and a main that gains 10 true points a snapshot (290 in all) rates its last snapshot
+    192 above its first. Rated as if
     the seat were main's, each snapshot entered below the last and the ratings fell to -908; with
     the seat measured from a prior of 1/2 rather than the games' mean, the first 100 self-play
     games left it at 0.476 (after 3,100, 0.261), and the equal policies' ratings fell to 506-929."""
