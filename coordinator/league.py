@@ -272,6 +272,11 @@ class League:
             self.self_play_score = (w + d / 2) / self.self_play_games if self.self_play_games else 0.5
 
 
+def table_snapshots(players: dict[str, Any]) -> list[str]:
+    """The snapshot ids of :meth:`League.table`'s ``players`` (or its JSON's), oldest first."""
+    return sorted((p for p in players if p != MAIN), key=lambda p: players[p]["train_iter"])
+
+
 def status_lines(table: Any, newest: int = 3) -> list[str]:
     """``rqrl status``'s lines for a run's summary field ``league`` (:meth:`League.table`, or its
     JSON as the summary hash holds it): main's Elo, the snapshots, main's record against itself
@@ -280,7 +285,7 @@ def status_lines(table: Any, newest: int = 3) -> list[str]:
     if not table:
         return []
     players, payoff = table["players"], table["payoff"]
-    snaps = sorted((p for p in players if p != MAIN), key=lambda p: players[p]["train_iter"])
+    snaps = table_snapshots(players)
     pool = sum(1 for p in snaps if players[p].get("active", True))
     seat = f", opponent's seat worth {table['seat_advantage']:+.0f} Elo" if "seat_advantage" in table else ""
     lines = [f"  league: main Elo {players[MAIN]['elo']:.0f}, {len(snaps)} snapshots ({pool} in the pool){seat}"]

@@ -30,6 +30,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from coordinator.league import table_snapshots
+
 
 def league_figures(folder: Path) -> dict[str, Any]:
     """One run's figures (module docstring).
@@ -40,7 +42,7 @@ def league_figures(folder: Path) -> dict[str, Any]:
     """
     summary = json.loads((folder / "summary.json").read_text())
     players = summary["league"]["players"]
-    snaps = sorted((p for p in players if p != "main"), key=lambda p: players[p]["train_iter"])
+    snaps = table_snapshots(players)
     evals = [json.loads(line) for line in (folder / "evals.jsonl").read_text().splitlines() if line.strip()]
     scored = [e for e in evals if e.get("reward_mean") is not None]
     best = max(scored, key=lambda e: e["reward_mean"], default={})

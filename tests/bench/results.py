@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from coordinator.league import table_snapshots
 from tests.bench.bench_sb3 import algo_of, reached_budget
 from tests.bench.stats import rank_test_p
 
@@ -573,13 +574,14 @@ def render(records: list[Record], results_dir: Path = RESULTS_DIR, page: Path = 
         lines += ["", "| seed | solved | wall time (s) | env steps | train iters | evals | last eval | best eval "
                       "| re-eval of final.pt | training return |",
                   "| ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for s in r.seeds():
+        seeds = r.seeds()
+        for s in seeds:
             reeval = "-" if s.get("reeval_mean") is None else f"{s['reeval_mean']:.1f} ± {s['reeval_std']:.1f}"
             fmt = (lambda v: "-" if v is None else f"{v:.1f}")
             lines.append(f"| {s['seed']} | {'yes' if s['solved'] else 'no'} | {float(s['wall_seconds'] or 0):.0f} "
                          f"| {s['envstep']:,} | {s['train_iter']:,} | {s['evals']} | {fmt(s['last'])} | {fmt(s['best'])} "
                          f"| {reeval} | {fmt(s['train_return'])} |")
-        lines += league_lines(r.seeds())
+        lines += league_lines(seeds)
         if (r.folder / "curve.png").is_file():
             lines += ["", f"![{r.exp}: eval return against env steps, mean and min-max band over seeds]"
                           f"({folder}/curve.png)"]
@@ -596,7 +598,7 @@ def league_lines(seeds: list[dict[str, Any]]) -> list[str]:
         if not league:
             continue
         players = league["players"]
-        snaps = sorted((p for p in players if p != "main"), key=lambda p: players[p]["train_iter"])
+        snaps = table_snapshots(players)
         seat = league.get("seat_advantage")
         elo = (lambda p: f"{players[p]['elo']:,.0f} ({p})")
         rows.append(f"| {s['seed']} | {elo(snaps[0]) if snaps else '-'} | {elo(snaps[-1]) if snaps else '-'} "
