@@ -21,7 +21,10 @@
   learning rate of 1e-3 (more reuse of each batch: faster here than 4 epochs at 3e-4 when
   trained on the heuristic, and with the lookahead; not in the league without it);
   a 64-channel 4x4 convolution over the board's planes (it sees a line of four wherever it
-  lies), then a 256x256 MLP.
+  lies), then a 256x256 MLP. The rate is constant here; ``--set policy.learn.lr_anneal_iters=N``
+  takes it linearly to 0 over N train iterations, best set to the budget's (the results page
+  anneals over 1 M env steps, 246 train iterations on its fleet: last evals 0.69-0.80 where three
+  sweeps at a constant rate ended at 0.53-0.75; docs/performance.md).
 - tasks of 4,096 moves: a task plays one opponent, so shorter tasks than the default 20,000
   meet more of the league.
 - budget: 3 M env steps (the learning player's moves).
