@@ -22,9 +22,10 @@
   trained on the heuristic, and with the lookahead; not in the league without it);
   a 64-channel 4x4 convolution over the board's planes (it sees a line of four wherever it
   lies), then a 256x256 MLP. The rate is constant here; ``--set policy.learn.lr_anneal_iters=N``
-  takes it linearly to 0 over N train iterations, best set to the budget's (the results page
-  anneals over 1 M env steps, 246 train iterations on its fleet: last evals 0.69-0.80 where three
-  sweeps at a constant rate ended at 0.53-0.75; docs/performance.md).
+  takes it linearly to 0 over N train iterations. The results page sets N to its 1 M budget's
+  246 train iterations (the only N measured there): last evals 0.69-0.80 and 264-295 of 400
+  games won, where three constant-rate sweeps ended at 0.53-0.75 and 198-298, a modest lift
+  (docs/performance.md).
 - tasks of 4,096 moves: a task plays one opponent, so shorter tasks than the default 20,000
   meet more of the league.
 - budget: 3 M env steps (the learning player's moves).
