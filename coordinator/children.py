@@ -85,6 +85,15 @@ class Child:
             os.kill(self.pid, sig)
 
 
+def unblock_stop_signals() -> set[signal.Signals]:
+    """Unblock SIGINT, SIGTERM and SIGHUP in the calling thread (the main one: new threads and
+    forked children inherit its mask); returns the mask before, for ``signal.pthread_sigmask(
+    signal.SIG_SETMASK, ...)``. A blocked mask survives fork and exec, so a parent that had them
+    blocked when it started this process (a supervisor, a thread of a test runner) would leave
+    Ctrl-C and ``kill`` pending here for good: the handlers installed here would never run."""
+    return signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
 def fork_child(title: str, main: Callable[[list[str]], int], argv: list[str], log_path: Path, cwd: Path,
                env: dict[str, str], path: list[str], nice: int = 0, lifeline: Optional[Lifeline] = None) -> Child:
     """Fork a child that runs ``main(argv)`` in its own session, in ``cwd``, with ``env`` set, ``path``

@@ -18,6 +18,7 @@ from common.data_shards import DataShardConfigError, resolve_urls
 from common.connection import RedisUnavailable
 from common.redis_memory import RedisNotSuitable
 from coordinator import runs
+from coordinator.children import unblock_stop_signals
 from coordinator.commander import commander_class
 
 
@@ -445,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         # Started by a script's `rqrl ... &`, the process inherits SIGINT ignored, and Python then
         # installs no KeyboardInterrupt: Ctrl-C / kill -INT must still stop any rqrl command.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        unblock_stop_signals()  # nor can a parent's blocked mask stop them
     raw = sys.argv[1:] if argv is None else list(argv)
     if raw[:1] == ["coordinator"]:
         return cmd_coordinator(raw[1:])

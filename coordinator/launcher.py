@@ -38,7 +38,7 @@ from common.data_shards import ENV_DATA_URL
 from common.embedded_redis import EmbeddedRedis
 from common.redis_memory import check_memory_settings
 from coordinator import closing
-from coordinator.children import Child, fork_child, run_detached, stop_children
+from coordinator.children import Child, fork_child, run_detached, stop_children, unblock_stop_signals
 from coordinator.eval_judge import closing_eval_seconds
 from coordinator.lifeline import Lifeline
 from coordinator.progress import Progress, budgets_of
@@ -255,6 +255,7 @@ class Launcher:
         # Started in the background by a script (`rqrl train ... &`), this process inherits SIGINT
         # ignored, and Python then installs no handler: `kill -INT` must still stop the run.
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+        mask = unblock_stop_signals()
         try:
             return self._run()
         except KeyboardInterrupt as e:
@@ -279,6 +280,7 @@ class Launcher:
                 _drop_if_empty(self.run_dir)
             for s, h in previous.items():
                 signal.signal(s, h)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # rqrl.train's caller gets its own back
 
     def _prepare(self) -> tuple[str, dict[str, str], list[str], redis.Redis]:
         """Start the private Redis (when no URL was given) and check it; returns its URL, the

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,6 +149,7 @@ def _stuck_stop_report(p: subprocess.Popen, sig: signal.Signals, run_dir) -> str
     """Why ``rqrl train`` (``p``) did not stop: the Python stacks of its threads (SIGABRT makes
     faulthandler print them; PYTHONFAULTHANDLER is set), its output and the run's logs."""
     exited = p.poll() is not None  # then a process it forked holds its pipes open
+    masks = "" if exited else _signal_masks(p.pid)
     p.send_signal(signal.SIGABRT)
     try:
         out, err = p.communicate(timeout=30)
@@ -157,16 +159,36 @@ def _stuck_stop_report(p: subprocess.Popen, sig: signal.Signals, run_dir) -> str
     what = "exited, but its pipes stayed open" if exited else "still ran"
     logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-3000:]
                    for f in sorted((run_dir / "log").glob("*.log")))
-    return f"rqrl train {what} {_STOP_GUARD_S} s after {sig.name}\n{out}\n{err[-8000:]}{logs}"
+    return f"rqrl train {what} {_STOP_GUARD_S} s after {sig.name}\n{masks}{out}\n{err[-8000:]}{logs}"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_stops_everything(tmp_path, redis_server, sig):
-    exp = f"sig{int(sig)}_{os.getpid()}"
+def _signal_masks(pid: int) -> str:
+    """Each thread's pending, blocked, ignored and caught signal masks (/proc, Linux): whether a
+    signal that did not stop the process was lost, is still pending, or was handled."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+        except OSError:  # the thread ended meanwhile
+            continue
+        lines.append(f"thread {task.name} {status.get('Name', '').strip()}: "
+                     + " ".join(f"{k}={status.get(k, '').strip()}" for k in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+    return "signal masks (SIGINT is bit 2, SIGTERM bit 15, from 1):\n" + "\n".join(lines) + "\n"
+
+
+def _block_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+# blocked: started with the stop signals blocked, as a parent's mask is inherited through exec.
+@pytest.mark.parametrize("sig,blocked", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_ctrl_c_or_sigterm_stops_everything(tmp_path, redis_server, sig, blocked):
+    exp = f"sig{int(sig)}{'b' if blocked else ''}_{os.getpid()}"
     env = {**worker_env(redis_server.url), "PYTHONFAULTHANDLER": "1"}
     p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "train", CONFIG, "--redis-url", redis_server.url,
                           "--name", "r1", "--set", f"exp_name={exp}", "--set", "env.stop_value=100000"],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_block_stop_signals if blocked else None)
     try:
         # Interrupted while it trains: the learner has reported a train iteration.
         wait_event(connect(redis_server.url), f"{exp}/r1",
