@@ -86,9 +86,19 @@ class Liveness:
                 # the same Redis errors and handles them
                 self.log.warning("liveness pass failed: %s: %s", type(e).__name__, e)
 
+    def _count_oom_replies(self) -> None:
+        """Hand Redis's count of OOM replies to :meth:`WritePause.note_oom_replies` (a Redis
+        without ``INFO errorstats``, before 6.2, or one that refuses INFO: nothing to count)."""
+        try:
+            stats = self.conn.info("errorstats")
+        except redis.RedisError:
+            return
+        oom = stats.get("errorstat_OOM")
+        self.writes.note_oom_replies(int(oom.get("count", 0)) if isinstance(oom, dict) else 0)
+
     def _redis_full(self) -> bool:
         """Redis is at its ``maxmemory`` (within 1 %): writes that need memory are refused; or it
-        refused the write probe for memory within two heartbeat timeouts (the grace after the
+        refused the write probe, or any client's write, for memory within two heartbeat timeouts (the grace after the
         refusal, and the heartbeat timeout of a task that its own refused write ended:
         :meth:`coordinator.write_pause.WritePause.full_within`)."""
         if self.writes.full_within(2 * float(self.heartbeat_timeout)):
@@ -102,8 +112,9 @@ class Liveness:
     def find_dead(self) -> list[tuple[str, str]]:
         """Started tasks whose heartbeat expired and queued ones whose RQ job died, with the reason.
 
-        Three round trips whatever the number of tasks: a write probe, one MGET of the heartbeat
-        keys, one pipeline reading the status of the queued tasks' RQ jobs. A
+        Four round trips whatever the number of tasks: a write probe, one MGET of the heartbeat
+        keys, Redis's error counts (``INFO errorstats``), one pipeline reading the status of the
+        queued tasks' RQ jobs. A
         heartbeat read that spanned a stall (a Redis pause longer than the heartbeat TTL expires
         every heartbeat while no worker can write) is not trusted, nor one made while Redis holds
         or refuses writes (:class:`coordinator.write_pause.WritePause`); workers get one heartbeat
@@ -120,6 +131,7 @@ class Liveness:
         beats = self.conn.mget([keys.heartbeat(self.exp, t) for t in started]) if started else []
         # The clock is read after the reply: the reply that spanned a stall is the one to distrust.
         trusted = self.stall.read_done()
+        self._count_oom_replies()
         if self.stall.stall_s:
             self.writes.reads_waited()
             self.log.warning("liveness pass stalled %.1f s (Redis unavailable?); heartbeat checks paused %.0f s",

@@ -79,7 +79,8 @@ class WritePause:
         self.since: Optional[float] = None  # when the pause going on was first seen; None while writes are served
         self.cause = ""  # the probe's answer when the pause was first seen
         self._reads_waited = False
-        self._full_at: Optional[float] = None  # the last probe refused for memory (a full noeviction Redis)
+        self._full_at: Optional[float] = None  # the last write seen refused for memory (a full noeviction Redis)
+        self._oom_replies: Optional[int] = None  # Redis's OOM replies to any client, at the last count
 
     def held(self) -> bool:
         """Probe once (before the heartbeats are read). True while writes are held or refused, and on
@@ -106,9 +107,19 @@ class WritePause:
             self.log.warning("Redis %s for %.1f s: heartbeats missed during it are not deaths", what, seconds)
         return True
 
+    def note_oom_replies(self, count: int) -> None:
+        """Hand in Redis's count of OOM replies to any client (``INFO errorstats``'s
+        ``errorstat_OOM``, Redis >= 6.2), read once per liveness pass: a rise since the last count
+        is a write refused for memory now, as a refused probe is. At the limit, Redis refuses
+        writes on and off; a worker's write may be refused while every probe gets through."""
+        if self._oom_replies is not None and count > self._oom_replies:
+            self._full_at = self._clock()
+        self._oom_replies = count
+
     def full_within(self, seconds: float) -> bool:
         """Whether a probe was refused for memory (redis-py's ``OutOfMemoryError``: a full
-        ``noeviction`` Redis) in the last ``seconds`` seconds. Redis at its limit refuses writes on
+        ``noeviction`` Redis), or Redis counted an OOM reply (:meth:`note_oom_replies`), in the
+        last ``seconds`` seconds. Redis at its limit refuses writes on
         and off as keys expire, and a task whose own write was refused so ends without a word
         (its failure event is a write too): its heartbeat stops one heartbeat timeout after its last
         beat, which may be that long after the probe was last refused."""

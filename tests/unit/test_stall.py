@@ -114,3 +114,32 @@ def test_a_task_ended_by_a_full_redis_is_no_worker_death(fake_redis, caplog):
     assert verdicts[:6] == [[]] * 6, verdicts
     assert "heartbeat(s) missing while Redis is full" in caplog.text
     assert [t for t, _ in verdicts[6]] == ["t"]
+
+
+def test_an_oom_reply_to_any_worker_keeps_missing_heartbeats_from_being_deaths(fake_redis, caplog):
+    """At its maxmemory Redis refuses writes on and off, and every probe may get through while a
+    worker's writes are refused (a CI run: two tasks declared dead 12 s after the last refused
+    probe, their workers alive). Redis counts each OOM reply to any client (INFO errorstats); a rise
+    in that count marks Redis full for two heartbeat timeouts (3 s here), as a refused probe does."""
+    import redis
+
+    oom = [4]
+
+    def info(section=None):
+        if section != "errorstats":
+            raise redis.ResponseError("unknown command 'info'")  # as fakeredis: no memory figures
+        return {"errorstat_OOM": {"count": oom[0]}}
+
+    fake_redis.info = info
+    now = [100.0]
+    live = _liveness(fake_redis, ["t"], lambda: None, now)  # every probe served
+    caplog.set_level(logging.WARNING, logger="test_write_pause")
+    assert [t for t, _ in live.find_dead()] == ["t"]  # OOM replies of long ago (the first count) are no excuse
+    verdicts = []
+    for step in range(9):
+        now[0] += 1.0
+        oom[0] += 1 if step == 0 else 0  # a worker's write refused for memory, once
+        verdicts.append([t for t, _ in live.find_dead()])
+    assert verdicts[:7] == [[]] * 7, verdicts  # up to 6 s after the pass that saw the rise: full
+    assert verdicts[7:] == [["t"], ["t"]], verdicts
+    assert "heartbeat(s) missing while Redis is full" in caplog.text
