@@ -255,8 +255,10 @@ class Launcher:
         # Started in the background by a script (`rqrl train ... &`), this process inherits SIGINT
         # ignored, and Python then installs no handler: `kill -INT` must still stop the run.
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-        mask = unblock_stop_signals()
+        mask = None
         try:
+            # In the try: a signal pending while blocked is handled as this call unblocks it.
+            mask = unblock_stop_signals()
             return self._run()
         except KeyboardInterrupt as e:
             print("\ninterrupted: stopping the run ...", file=sys.stderr)
@@ -280,7 +282,8 @@ class Launcher:
                 _drop_if_empty(self.run_dir)
             for s, h in previous.items():
                 signal.signal(s, h)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # rqrl.train's caller gets its own back
+            if mask is not None:  # an in-process caller of cli.main(argv) gets its own mask back
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _prepare(self) -> tuple[str, dict[str, str], list[str], redis.Redis]:
         """Start the private Redis (when no URL was given) and check it; returns its URL, the

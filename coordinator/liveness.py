@@ -20,6 +20,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 
 from common import keys, redis_memory, worker_presence
+from common.connection import primary_changes
 from coordinator.stall import StallGuard
 from coordinator.write_pause import WritePause, WriteProbe
 
@@ -59,6 +60,7 @@ class Liveness:
         # Nor is a pause of writes alone (CLIENT PAUSE WRITE, a failover), which reads do not show.
         self._probe = probe or WriteProbe(conn, keys.write_probe(exp), wait_s=float(heartbeat_timeout) / 6)
         self.writes = WritePause(self._probe, log, clock)
+        self._failovers_seen = 0  # Sentinel's changes of primary when the OOM replies were last counted
         # The liveness pass runs on a thread; the tasks it finds dead wait here for the loop.
         self.dead: queue.SimpleQueue[list[tuple[str, str]]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -88,13 +90,17 @@ class Liveness:
 
     def _count_oom_replies(self) -> None:
         """Hand Redis's count of OOM replies to :meth:`WritePause.note_oom_replies` (a Redis
-        without ``INFO errorstats``, before 6.2, or one that refuses INFO: nothing to count)."""
+        without ``INFO errorstats``, before 6.2, or one that refuses INFO: nothing to count). The
+        count is one server's: after a Sentinel failover the next count is a new baseline."""
         try:
             stats = self.conn.info("errorstats")
         except redis.RedisError:
             return
-        oom = stats.get("errorstat_OOM")
-        self.writes.note_oom_replies(int(oom.get("count", 0)) if isinstance(oom, dict) else 0)
+        failovers = len(primary_changes(self.conn))
+        if failovers != self._failovers_seen:
+            self._failovers_seen = failovers
+            self.writes.forget_oom_replies()
+        self.writes.note_oom_replies(_count_of(stats.get("errorstat_OOM")))
 
     def _redis_full(self) -> bool:
         """Redis is at its ``maxmemory`` (within 1 %): writes that need memory are refused; or it
@@ -166,6 +172,16 @@ class Liveness:
                 found += self.dead.get_nowait()
             except queue.Empty:
                 return found
+
+
+def _count_of(errorstat: Any) -> int:
+    """``count`` of an ``INFO errorstats`` entry: ``{"count": 3}``, or ``"count=3"`` as redis-py
+    before 5.1 leaves a one-field value; 0 when absent."""
+    if isinstance(errorstat, dict):
+        return int(errorstat.get("count", 0))
+    if isinstance(errorstat, str) and errorstat.startswith("count="):
+        return int(errorstat.split("=", 1)[1])
+    return 0
 
 
 class WorkerCount:

@@ -116,6 +116,10 @@ class WritePause:
             self._full_at = self._clock()
         self._oom_replies = count
 
+    def forget_oom_replies(self) -> None:
+        """Drop the last count of OOM replies: the next one is a baseline (another server's)."""
+        self._oom_replies = None
+
     def full_within(self, seconds: float) -> bool:
         """Whether a probe was refused for memory (redis-py's ``OutOfMemoryError``: a full
         ``noeviction`` Redis), or Redis counted an OOM reply (:meth:`note_oom_replies`), in the

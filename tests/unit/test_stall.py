@@ -143,3 +143,26 @@ def test_an_oom_reply_to_any_worker_keeps_missing_heartbeats_from_being_deaths(f
     assert verdicts[:7] == [[]] * 7, verdicts  # up to 6 s after the pass that saw the rise: full
     assert verdicts[7:] == [["t"], ["t"]], verdicts
     assert "heartbeat(s) missing while Redis is full" in caplog.text
+
+
+def test_oom_counts_read_as_redis_py_leaves_them_and_a_failover_starts_a_new_baseline(fake_redis, monkeypatch):
+    """redis-py before 5.1 leaves ``errorstat_OOM`` as the string ``"count=3"`` (the floors pin 5.0);
+    after a Sentinel failover the count is another server's, so a higher one is no refusal."""
+    from coordinator import liveness
+    from coordinator.liveness import _count_of
+
+    assert (_count_of({"count": 3}), _count_of("count=3"), _count_of(None)) == (3, 3, 0)
+    stats, changes = [{"errorstat_OOM": "count=2"}], [[]]
+    fake_redis.info = lambda section=None: stats[0]
+    monkeypatch.setattr(liveness, "primary_changes", lambda conn: changes[0])
+    now = [100.0]
+    live = _liveness(fake_redis, [], lambda: None, now)
+    live.find_dead()
+    stats[0] = {"errorstat_OOM": "count=3"}
+    live.find_dead()
+    assert live.writes.full_within(6.0)  # a rise, in the string form
+    now[0] += 10.0
+    changes[0] = [{"time": 0, "from": "a:1", "to": "b:2"}]
+    stats[0] = {"errorstat_OOM": "count=40"}  # the new primary's own count
+    live.find_dead()
+    assert not live.writes.full_within(6.0)
