@@ -104,9 +104,9 @@ class Liveness:
 
     def _redis_full(self) -> bool:
         """Redis is at its ``maxmemory`` (within 1 %): writes that need memory are refused; or it
-        refused the write probe, or any client's write, for memory within two heartbeat timeouts (the grace after the
-        refusal, and the heartbeat timeout of a task that its own refused write ended:
-        :meth:`coordinator.write_pause.WritePause.full_within`)."""
+        refused the write probe, or any client's write, for memory within two heartbeat timeouts
+        (the grace after the refusal, and the heartbeat timeout of a task that its own refused
+        write ended: :meth:`coordinator.write_pause.WritePause.full_within`)."""
         if self.writes.full_within(2 * float(self.heartbeat_timeout)):
             return True
         try:
@@ -176,7 +176,7 @@ class Liveness:
 
 def _count_of(errorstat: Any) -> int:
     """``count`` of an ``INFO errorstats`` entry: ``{"count": 3}``, or ``"count=3"`` as redis-py
-    before 5.1 leaves a one-field value; 0 when absent."""
+    5.0 (the floors' pin) leaves a one-field value; 0 when absent."""
     if isinstance(errorstat, dict):
         return int(errorstat.get("count", 0))
     if isinstance(errorstat, str) and errorstat.startswith("count="):

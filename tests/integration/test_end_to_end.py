@@ -171,8 +171,8 @@ def _signal_masks(pid: int) -> str:
             status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
         except OSError:  # the thread ended meanwhile
             continue
-        lines.append(f"thread {task.name} {status.get('Name', '').strip()}: "
-                     + " ".join(f"{k}={status.get(k, '').strip()}" for k in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+        masks = " ".join(f"{k}={status.get(k, '').strip()}" for k in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+        lines.append(f"thread {task.name} {status.get('Name', '').strip()}: {masks}")
     return "signal masks (SIGINT is bit 2, SIGTERM bit 15, from 1):\n" + "\n".join(lines) + "\n"
 
 

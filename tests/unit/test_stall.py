@@ -146,7 +146,7 @@ def test_an_oom_reply_to_any_worker_keeps_missing_heartbeats_from_being_deaths(f
 
 
 def test_oom_counts_read_as_redis_py_leaves_them_and_a_failover_starts_a_new_baseline(fake_redis, monkeypatch):
-    """redis-py before 5.1 leaves ``errorstat_OOM`` as the string ``"count=3"`` (the floors pin 5.0);
+    """redis-py 5.0 (the floors' pin) leaves ``errorstat_OOM`` as the string ``"count=3"``;
     after a Sentinel failover the count is another server's, so a higher one is no refusal."""
     from coordinator import liveness
     from coordinator.liveness import _count_of
