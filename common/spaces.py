@@ -172,6 +172,8 @@ def check_model(cfg: Any, spec: SpaceSpec) -> None:
         _check_conv(model.get("conv"), spec, spec.image_chw, f"image {spec.obs_shape} (layout {spec.obs_layout})")
     if model.get("board") is not None:
         _check_board(model.board, model.get("conv"), spec, obs_what)
+    if cfg.policy.learn.get("mirror_board"):
+        _check_mirror(model.get("board"), spec, obs_what, act_what)
     if model.get("action_mask") and not (spec.action_kind == "discrete" and spec.obs_kind == "box"
                                          and spec.obs_dim > spec.action_n):
         raise SpaceError(f"config key 'policy.model.action_mask' is set but env {spec.env_id!r} has {obs_what} and "
@@ -219,6 +221,19 @@ def _check_board(board: Any, conv: Any, spec: SpaceSpec, obs_what: str) -> None:
         raise SpaceError(f"config key 'policy.model.board' {list(board)!r} needs a flat Box observation of at least "
                          f"{h * w * c} values, but env {spec.env_id!r} has {obs_what}")
     _check_conv(conv, spec, (c, h, w), f"board {h}x{w}x{c}")
+
+
+def _check_mirror(board: Any, spec: SpaceSpec, obs_what: str, act_what: str) -> None:
+    """``policy.learn.mirror_board`` needs the observation to be the board then one flag per
+    column, and one action per column (PPO's mirror, common/policy/nets.py ``mirror_board``)."""
+    if board is None:
+        raise SpaceError("config key 'policy.learn.mirror_board' is set but 'policy.model.board' is not: only a "
+                         "board's observation can be mirrored")
+    h, w, c = (int(v) for v in board)
+    if not (spec.action_kind == "discrete" and spec.action_n == w and spec.obs_dim == h * w * c + w):
+        raise SpaceError(f"config key 'policy.learn.mirror_board' needs one action per column of the {h}x{w} board "
+                         f"and the observation to be the board then {w} per-column flags ({h * w * c + w} values), "
+                         f"but env {spec.env_id!r} has {obs_what} and {act_what}")
 
 
 def _norm(v: Any) -> tuple[int, ...]:

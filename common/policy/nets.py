@@ -109,6 +109,17 @@ class BoardTorso(nn.Module):
         return torch.cat([self.torso(board), x[:, self.cells:]], dim=1)
 
 
+def mirror_board(x: torch.Tensor, hwc: tuple[int, int, int]) -> torch.Tensor:
+    """Left-right mirrors of flat board observations, float32 (B, H*W*C + W) -> the same shape:
+    the board (row-major, planes last) flipped along its width and the W per-column flags after it
+    reversed. In a game whose rules are the same mirrored (Connect Four, common/games.py) the
+    mirrored observation is the same position, where column c's move is column W - 1 - c's."""
+    h, w, c = hwc
+    cells = h * w * c
+    board = x[:, :cells].reshape(-1, h, w, c).flip(2).reshape(-1, cells)
+    return torch.cat([board, x[:, cells:].flip(1)], dim=1)
+
+
 def encoder(spec: SpaceSpec, model_cfg: Any, hidden: list[int]) -> tuple[nn.Module, int]:
     """The observation encoder of an algorithm: ``(module, output size)``.
 

@@ -172,6 +172,63 @@ def test_the_board_torso_convolves_the_board_planes_and_keeps_the_legal_flags_be
     assert actions.shape == (4,) and np.isfinite(record["logp"]).all()
 
 
+def test_a_mirrored_board_is_the_same_position_with_columns_reversed():
+    from common.policy.nets import mirror_board
+
+    # Column 1 full, so its legal flag is 0; in the mirror image column 5 is the full one.
+    full = [(r, 1) for r in range(6)]
+    obs = board(mine=[(5, 0), (4, 0)] + full[::2], theirs=[(5, 3)] + full[1::2])
+    want = board(mine=[(5, 6), (4, 6)] + [(r, 5) for r, _ in full[::2]], theirs=[(5, 3)] + [(r, 5) for r, _ in full[1::2]])
+    got = mirror_board(torch.as_tensor(np.stack([obs, want])), (6, 7, 2)).numpy()
+    assert (got[0] == want).all() and (got[1] == obs).all()
+    assert got[0][84 + 5] == 0 and got[0][84 + 1] == 1
+
+
+def mirror_learn(mirror: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The empty board's column probabilities before and after one learn step on a batch where
+    column 0 gained and the centre column lost."""
+    cfg = compile_config({"exp_name": "c4", "seed": 0, "env": {"env_id": "rqrl/ConnectFour-v0"},
+                          "policy": {"model": {"action_mask": True, "board": [6, 7, 2], "conv": [[8, 4, 1]]},
+                                     "learn": {"mirror_board": mirror, "epoch_per_collect": 4, "batch_size": 64}}},
+                         {"policy": {"type": "ppo"}})
+    spec = spaces.probe(cfg)
+    spaces.check_model(cfg, spec)
+    torch.manual_seed(0)
+    policy = create_policy(cfg, spec, device="cpu")
+    obs = np.stack([board()] * 256)
+    action = np.array([0, 3] * 128, np.int64)
+    with torch.no_grad():
+        dist, v = policy.model(torch.as_tensor(obs))
+        before = dist.probs[0].numpy()
+        logp = dist.log_prob(torch.as_tensor(action)).numpy()
+    adv = np.where(action == 0, 1.0, -1.0).astype(np.float32)
+    policy.learn({"obs": obs, "action": action, "logp": logp, "value": v.numpy(), "adv": adv,
+                  "ret": (adv + v.numpy()).astype(np.float32)})
+    with torch.no_grad():
+        return before, policy.model(torch.as_tensor(obs[:1]))[0].probs[0].numpy()
+
+
+def test_ppo_with_mirror_board_learns_each_move_for_its_mirror_image_too():
+    before, plain = mirror_learn(False)
+    _, mirrored = mirror_learn(True)
+    assert plain[0] > 1.4 * before[0] and mirrored[0] > 1.4 * before[0]  # the clip bounds each step's gain
+    # Column 6 is column 0's mirror image: it gains only from the mirrored rows, as much as column 0.
+    assert plain[6] < before[6] and mirrored[6] > 1.4 * before[6]
+    assert abs(mirrored[0] - mirrored[6]) < 0.1 * mirrored[0]
+
+
+@pytest.mark.parametrize("env_id, model, words", [
+    ("rqrl/ConnectFour-v0", {"action_mask": True}, "'policy.model.board' is not"),
+    ("CartPole-v1", {"board": [1, 1, 4], "conv": [[4, 1, 1]]}, "one action per column of the 1x1 board"),
+])
+def test_mirror_board_without_a_mirrorable_board_is_named(env_id, model, words):
+    cfg = compile_config({"env": {"env_id": env_id}, "policy": {"model": model, "learn": {"mirror_board": True}}},
+                         {"policy": {"type": "ppo"}})
+    with pytest.raises(spaces.SpaceError, match=r"policy\.learn\.mirror_board") as e:
+        spaces.check_model(cfg, spaces.probe(cfg))
+    assert words in str(e.value)
+
+
 @pytest.mark.parametrize("board_value, conv, env_id, words", [
     ([6, 7], [[32, 4, 1]], "rqrl/ConnectFour-v0", "must be [height, width, planes]"),
     ([7, 7, 2], [[32, 4, 1]], "rqrl/ConnectFour-v0", "at least 98 values"),

@@ -32,6 +32,9 @@ CONFIG: dict[str, Any] = dict(
         # 0: a constant learning rate; N > 0: it falls linearly from learning_rate to 0 over N train
         # iterations (CleanRL's anneal_lr, over its run's updates: set N to the budget's iterations).
         lr_anneal_iters=0,
+        # A board game that plays the same mirrored left to right, one action per column (Connect
+        # Four): each minibatch row is its mirror image with probability 1/2 (policy.py).
+        mirror_board=False,
     ),
     collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95),
     # Evals act with the most likely action (Discrete) / the mean (Box); True samples from the
