@@ -111,7 +111,9 @@ PLAN: tuple[Planned, ...] = (
             overrides=("commander.max_env_step=1000000", "policy.learn.lr_anneal_iters=246"),
             note="a third of the preset's 3,000,000 env steps: three self-play leagues at once on two cores; PPO's "
                  "learning rate falls linearly to 0 over the 246 train iterations this fleet makes of 1 M env steps "
-                 "(the preset keeps a constant rate; docs/performance.md has both)",
+                 "(the preset keeps a constant rate; docs/performance.md has both); the preset's mirror images "
+                 "(policy.learn.mirror_board) set on the command line as well, as this sweep ran before the preset "
+                 "took them",
             reference="the return is the win rate against the heuristic (win if it can, block if it must); a random "
                       "player wins 0.5% of its games against it (measured here, 200 games)"),
 )
