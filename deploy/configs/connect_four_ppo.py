@@ -28,7 +28,8 @@
   PPO learns each minibatch row as its mirror image half the time, at no extra compute. With
   the anneal at 1 M env steps, three seeds: last evals 0.79-0.83, best 0.88-0.93, and 308-358 of
   400 games won, where the same sweep without mirror images won 264-295 and three constant-rate
-  sweeps 198-298 (docs/performance.md).
+  sweeps 198-298 (docs/performance.md). This preset's own setting, mirror images at a constant
+  rate, has no sweep yet.
 - tasks of 4,096 moves: a task plays one opponent, so shorter tasks than the default 20,000
   meet more of the league.
 - budget: 3 M env steps (the learning player's moves).

@@ -108,12 +108,13 @@ PLAN: tuple[Planned, ...] = (
                       "paper's DQN about 10 by 1 M frames (Young & Tian 2019, figure 2); "
                       "random play about 0.4"),
     Planned("rqrl/ConnectFour-v0", "ppo", seeds="0-2", collectors=3,
-            overrides=("commander.max_env_step=1000000", "policy.learn.lr_anneal_iters=246"),
+            overrides=("commander.max_env_step=1000000", "policy.learn.lr_anneal_iters=246",
+                       "policy.learn.mirror_board=True"),
             note="a third of the preset's 3,000,000 env steps: three self-play leagues at once on two cores; PPO's "
                  "learning rate falls linearly to 0 over the 246 train iterations this fleet makes of 1 M env steps "
                  "(the preset keeps a constant rate; docs/performance.md has both); the preset's mirror images "
-                 "(policy.learn.mirror_board) set on the command line as well, as this sweep ran before the preset "
-                 "took them",
+                 "(policy.learn.mirror_board) are named too, as the sweep on this page ran before the preset took "
+                 "them",
             reference="the return is the win rate against the heuristic (win if it can, block if it must); a random "
                       "player wins 0.5% of its games against it (measured here, 200 games)"),
 )

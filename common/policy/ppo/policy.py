@@ -37,7 +37,9 @@ board and flags (``nets.mirror_board``) and action ``W - 1 - action``, with the 
 ``logp``, ``value``, ``adv`` and ``ret``. That ``logp`` is exactly the probability with which the
 mirror image of the behaviour policy plays the mirrored move, so the ratio stays an importance
 weight; the advantages carry over where the opponent plays the same mirrored (the heuristic's
-rules do; a snapshot's network need not). The batch learns both images of every position at no
+rules do, up to their lowest-column tie-break; a snapshot's network need not). ``approx_kl``,
+``clip_frac`` and the clip of a mirrored row compare the new policy with the old one's mirror
+image, so they also count the network's own left-right asymmetry. The batch learns both images of every position at no
 extra compute, as AlphaZero trains on a board's symmetries (Silver et al. 2018), by a random draw
 per row instead of a doubled batch.
 
