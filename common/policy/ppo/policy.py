@@ -39,9 +39,9 @@ mirror image of the behaviour policy plays the mirrored move, so the ratio stays
 weight; the advantages carry over where the opponent plays the same mirrored (the heuristic's
 rules do, up to their lowest-column tie-break; a snapshot's network need not). ``approx_kl``,
 ``clip_frac`` and the clip of a mirrored row compare the new policy with the old one's mirror
-image, so they also count the network's own left-right asymmetry. The batch learns both images of every position at no
-extra compute, as AlphaZero trains on a board's symmetries (Silver et al. 2018), by a random draw
-per row instead of a doubled batch.
+image, so they also count the network's own left-right asymmetry. The batch learns both images
+of every position at no extra compute, as AlphaZero trains on a board's symmetries (Silver et
+al. 2018), by a random draw per row instead of a doubled batch.
 
 Discrete actions use a categorical head; Box actions a Gaussian with a state-independent
 log-std over a normalised action ``a`` whose range [-1, 1] is mapped onto the space's bounds
@@ -204,9 +204,10 @@ class PPOPolicy(Policy):
         adv_all = nets.to_device(batch["adv"], dev, torch.float32)
         ret = nets.to_device(batch["ret"], dev, torch.float32)
         n, eps = len(x), float(lc.clip_ratio)
-        if lc.get("mirror_board"):
+        mirror = bool(lc.get("mirror_board"))
+        if mirror:
             hwc = tuple(int(v) for v in self.cfg.policy.model.board)
-            mirrored = (nets.mirror_board(x, hwc), (hwc[1] - 1) - action)
+            x_mirror, a_mirror = nets.mirror_board(x, hwc), (hwc[1] - 1) - action
         self._set_lr()
         stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "total_loss")}
         for _ in range(int(lc.epoch_per_collect)):
@@ -214,10 +215,10 @@ class PPOPolicy(Policy):
             for start in range(0, n, int(lc.batch_size)):
                 mb = perm[start:start + int(lc.batch_size)]
                 xb, ab = x[mb], action[mb]
-                if lc.get("mirror_board"):
+                if mirror:
                     flip = (torch.rand(len(mb), generator=self._rng) < 0.5).to(dev)
-                    xb = torch.where(flip[:, None], mirrored[0][mb], xb)
-                    ab = torch.where(flip, mirrored[1][mb], ab)
+                    xb = torch.where(flip[:, None], x_mirror[mb], xb)
+                    ab = torch.where(flip, a_mirror[mb], ab)
                 dist, v = self.model(nets.obs_tensor(self.spec, xb, dev) if image else xb)
                 logp = _logp(dist, ab, self.continuous)
                 entropy = dist.entropy()
